@@ -1,0 +1,238 @@
+"""The raw measurement schema (SPEC §1): reading and validating parquet into numpy columns."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from maxtext_netdata.data import addresses
+from maxtext_netdata.data.errors import DataError
+
+REQUIRED_COLUMNS = ("event_time", "src_addr", "dst_addr", "ip_version", "rtt")
+_UNITS_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+@dataclasses.dataclass
+class RawColumns:
+  """Validated measurements: one entry per row, addresses as 16 bytes (IPv4 in the first 4)."""
+
+  src: np.ndarray  # uint8 [N, 16]
+  dst: np.ndarray  # uint8 [N, 16]
+  version: np.ndarray  # uint8 [N], 4 or 6
+  seconds: np.ndarray  # int64 [N], Unix seconds (UTC, floor)
+  rtt: np.ndarray  # float64 [N], milliseconds; negative = failed
+  src_text: pa.Array  # address text as stored (for the `hashed` field order)
+  dst_text: pa.Array
+  rows: np.ndarray  # int64 [N], row numbers in the source file
+
+  def __len__(self) -> int:
+    return len(self.rtt)
+
+
+@dataclasses.dataclass
+class SkipReport:
+  """Rows dropped under `network_skip_bad_rows`, counted by reason."""
+
+  reasons: Counter = dataclasses.field(default_factory=Counter)
+
+  @property
+  def total(self) -> int:
+    return sum(self.reasons.values())
+
+  def add(self, reason: str, count: int) -> None:
+    if count:
+      self.reasons[reason] += int(count)
+
+  def merge(self, other: "SkipReport") -> None:
+    self.reasons.update(other.reasons)
+
+
+def open_parquet(path: str, filesystem: pafs.FileSystem | None = None) -> pq.ParquetFile:
+  """Open `path` as parquet, or raise DataError naming it."""
+  try:
+    if filesystem is None:
+      filesystem, path_in_fs = pafs.FileSystem.from_uri(path) if "://" in path else (
+          pafs.LocalFileSystem(), path)
+    else:
+      path_in_fs = path
+    handle = filesystem.open_input_file(path_in_fs)
+    return pq.ParquetFile(handle)
+  except FileNotFoundError:
+    raise DataError(f"{path}: no such file") from None
+  except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+    raise DataError(f"{path}: not a readable parquet file ({e})") from None
+
+
+def check_schema(schema: pa.Schema, source: str) -> None:
+  """Raise DataError if a required column is missing or of the wrong type."""
+  missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
+  if missing:
+    raise DataError(
+        f"{source}: missing column(s) {', '.join(missing)} (has: {', '.join(schema.names)})"
+    )
+  checks = {
+      "event_time": (pa.types.is_timestamp, "timestamp"),
+      "src_addr": (_is_text, "string"),
+      "dst_addr": (_is_text, "string"),
+      "ip_version": (pa.types.is_integer, "integer"),
+      "rtt": (lambda t: pa.types.is_floating(t) or pa.types.is_integer(t), "floating"),
+  }
+  for name, (ok, expected) in checks.items():
+    column_type = schema.field(name).type
+    if not ok(column_type):
+      raise DataError(f"{source}: column {name!r} has type {column_type}, expected {expected}")
+
+
+def _is_text(t: pa.DataType) -> bool:
+  if pa.types.is_dictionary(t):
+    t = t.value_type
+  return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _timestamp_seconds(column: pa.ChunkedArray) -> np.ndarray:
+  unit = column.type.unit
+  raw = pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False)
+  return np.floor_divide(raw, _UNITS_PER_SECOND[unit])
+
+
+def validate_table(
+    table: pa.Table, *, source: str, row_offset: int = 0, skip_bad: bool = False
+) -> tuple[RawColumns, SkipReport]:
+  """Validate and convert one table (a file or a row group of one)."""
+  report = SkipReport()
+  n = table.num_rows
+  rows = np.arange(row_offset, row_offset + n, dtype=np.int64)
+  problems: list[tuple[str, np.ndarray]] = []
+
+  time_col = table.column("event_time")
+  if time_col.null_count:
+    problems.append(("event_time is null", time_col.is_null().to_numpy(zero_copy_only=False)))
+  seconds = _timestamp_seconds(time_col.fill_null(0))
+
+  version_col = table.column("ip_version")
+  version = version_col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+  bad_version = (version != 4) & (version != 6)
+  problems.append(("ip_version is not 4 or 6", bad_version))
+
+  rtt_col = table.column("rtt")
+  rtt = pc.cast(rtt_col, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+  problems.append(("rtt is NaN, infinite or null", ~np.isfinite(rtt)))
+
+  parsed = {}
+  for name in ("src_addr", "dst_addr"):
+    column = table.column(name)
+    address_bytes, bad = addresses.parse_addresses(
+        column, version, source=source, column_name=name, row_offset=row_offset
+    )
+    parsed[name] = address_bytes
+    if bad.any() and not skip_bad:
+      raise DataError(
+          addresses.first_bad_message(
+              column, version, bad & ~bad_version, source=source, column_name=name,
+              row_offset=row_offset,
+          )
+          if (bad & ~bad_version).any()
+          else _row_message(source, row_offset, bad_version, version, "ip_version")
+      )
+    problems.append((f"{name} unparsable or not matching ip_version", bad))
+
+  keep = np.ones(n, dtype=bool)
+  for reason, bad in problems:
+    bad = bad & keep
+    if bad.any():
+      if not skip_bad:
+        value_column = reason.split(" ", 1)[0]
+        values = table.column(value_column).to_pylist() if value_column in table.column_names else []
+        raise DataError(_row_message(source, row_offset, bad, values, reason))
+      report.add(reason, int(bad.sum()))
+      keep &= ~bad
+
+  src_text = pc.cast(table.column("src_addr"), pa.string()).combine_chunks()
+  dst_text = pc.cast(table.column("dst_addr"), pa.string()).combine_chunks()
+  if not keep.all():
+    mask = pa.array(keep)
+    src_text, dst_text = src_text.filter(mask), dst_text.filter(mask)
+  columns = RawColumns(
+      src=parsed["src_addr"][keep],
+      dst=parsed["dst_addr"][keep],
+      version=version[keep].astype(np.uint8),
+      seconds=seconds[keep],
+      rtt=rtt[keep],
+      src_text=src_text,
+      dst_text=dst_text,
+      rows=rows[keep],
+  )
+  return columns, report
+
+
+def _row_message(source: str, row_offset: int, bad: np.ndarray, values, reason: str) -> str:
+  row = int(np.flatnonzero(bad)[0])
+  value = f" (value {values[row]!r})" if len(values) > row else ""
+  count = int(bad.sum())
+  more = f"; {count} such rows in this file" if count > 1 else ""
+  return f"{source}: row {row_offset + row}: {reason}{value}{more}"
+
+
+def iter_row_groups(
+    path: str,
+    filesystem: pafs.FileSystem | None = None,
+    *,
+    skip_bad: bool = False,
+) -> Iterator[tuple[RawColumns, SkipReport]]:
+  """Validated columns of each row group of one parquet file, in file order."""
+  parquet = open_parquet(path, filesystem)
+  check_schema(parquet.schema_arrow, path)
+  row_offset = 0
+  for group in range(parquet.num_row_groups):
+    try:
+      table = parquet.read_row_group(group, columns=list(REQUIRED_COLUMNS))
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+      raise DataError(f"{path}: row group {group} (from row {row_offset}) is unreadable ({e})") from None
+    yield validate_table(table, source=path, row_offset=row_offset, skip_bad=skip_bad)
+    row_offset += table.num_rows
+
+
+def read_raw(
+    path: str, filesystem: pafs.FileSystem | None = None, *, skip_bad: bool = False
+) -> tuple[RawColumns, SkipReport]:
+  """Validated columns of a whole parquet file."""
+  parts = list(iter_row_groups(path, filesystem, skip_bad=skip_bad))
+  report = SkipReport()
+  for _, part_report in parts:
+    report.merge(part_report)
+  if not parts:
+    empty = validate_table(
+        pa.table({
+            "event_time": pa.array([], pa.timestamp("s")),
+            "src_addr": pa.array([], pa.string()),
+            "dst_addr": pa.array([], pa.string()),
+            "ip_version": pa.array([], pa.int8()),
+            "rtt": pa.array([], pa.float64()),
+        }),
+        source=path,
+    )[0]
+    return empty, report
+  return concat_columns([p for p, _ in parts]), report
+
+
+def concat_columns(parts: list[RawColumns]) -> RawColumns:
+  """One RawColumns of several, in order."""
+  if len(parts) == 1:
+    return parts[0]
+  return RawColumns(
+      src=np.concatenate([p.src for p in parts]),
+      dst=np.concatenate([p.dst for p in parts]),
+      version=np.concatenate([p.version for p in parts]),
+      seconds=np.concatenate([p.seconds for p in parts]),
+      rtt=np.concatenate([p.rtt for p in parts]),
+      src_text=pa.concat_arrays([p.src_text for p in parts]),
+      dst_text=pa.concat_arrays([p.dst_text for p in parts]),
+      rows=np.concatenate([p.rows for p in parts]),
+  )

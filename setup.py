@@ -1,0 +1,43 @@
+"""maxtext_netdata: MaxText-style input pipeline, trainer and benchmark for ping measurements."""
+
+from setuptools import find_packages, setup
+
+# Tested ranges; scripts/setup_env.sh installs the exact versions of constraints.txt.
+INSTALL_REQUIRES = [
+    "numpy>=2.1,<3",
+    "pyarrow>=25,<27",
+    "pyyaml>=6,<7",
+    "grain>=0.2.18,<0.3",
+    "jax>=0.11.1,<0.13",
+    "jaxlib>=0.11.1,<0.13",
+    "flax>=0.12.9,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.4,<0.13",
+    "tensorboardX>=2.6,<3",
+    "matplotlib>=3.9,<4",
+    "psutil>=5.9,<8",
+]
+
+EXTRAS_REQUIRE = {
+    "test": [
+        "pytest>=8,<10",
+        "pytest-timeout>=2.3,<3",
+        "moto[server]>=5,<6",
+        "boto3>=1.35,<2",
+        "ruff>=0.6,<1",
+    ],
+}
+
+setup(
+    name="maxtext_netdata",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.12,<3.14",
+    packages=find_packages(include=["maxtext_netdata", "maxtext_netdata.*"])
+    + ["maxtext_netdata.configs"],
+    package_dir={"maxtext_netdata.configs": "configs"},
+    package_data={"maxtext_netdata.configs": ["*.yml", "maxtext/*.yml"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+    entry_points={"console_scripts": ["maxtext-netdata=maxtext_netdata.cli:main"]},
+)
