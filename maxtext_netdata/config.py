@@ -98,6 +98,11 @@ def _coerce(key: str, value: Any, default: Any, source: str) -> Any:
   expected = _type_name(default)
   if expected == "float" and _type_name(value) == "int":
     return float(value)
+  if expected == "float" and isinstance(value, str):
+    try:
+      return float(value)  # YAML 1.1 reads "1e-3" (no dot) as text
+    except ValueError:
+      pass
   if expected == "list" and isinstance(value, tuple):
     value = list(value)
   if expected == "str" and value is None:
