@@ -1,0 +1,174 @@
+"""Tests of `maxtext-netdata bench`: the verdict on constructed timings, the accelerator estimate,
+the report and plot, and end-to-end runs on the smoke config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from maxtext_netdata import accelerators, bench_report, config
+
+
+def _loading(batch_s: float, workers: int = 2, n: int = 20) -> dict:
+  times = [batch_s * (0.9 if i % 2 else 1.1) for i in range(n)]
+  return bench_report.loading_summary(
+    times,
+    first_batch_s=0.5,
+    elapsed_s=sum(times),
+    real_tokens=n * 7000,
+    slot_tokens=n * 8192,
+    cpu_seconds=sum(times) * 1.5,
+    workers=workers,
+  )
+
+
+def _training(step_s: float, wait_s: float, steps: int = 12, warmup: int = 2) -> dict:
+  records = [
+    {"step": i, "step_time_s": (5.0 if i < warmup else step_s), "data_wait_s": wait_s}
+    for i in range(steps)
+  ]
+  return bench_report.training_summary(records, warmup)
+
+
+def test_fast_loader_is_not_the_bottleneck():
+  verdict = bench_report.decide(
+    0.100, "synthetic", _loading(0.010), _training(0.101, 0.0005), 0.100, "knob"
+  )
+  assert verdict["kind"] == bench_report.NOT_BOTTLENECK
+  assert "not the bottleneck" in verdict["text"]
+  assert "10.0x faster" in verdict["text"]
+
+
+def test_slow_loader_is_the_bottleneck_and_names_the_knob():
+  loading = _loading(0.300, workers=0)
+  knob = bench_report.next_knob(loading, cpu_cores=8, recommendation=None, stages=None)
+  assert "grain_worker_count" in knob and "now 0" in knob
+  verdict = bench_report.decide(0.100, "synthetic", loading, _training(0.3, 0.2), 0.1, knob)
+  assert verdict["kind"] == bench_report.BOTTLENECK
+  assert "3.0x slower" in verdict["text"]
+  assert knob in verdict["text"]
+
+
+def test_fast_loader_slow_real_steps_suspects_forced_synchronization():
+  verdict = bench_report.decide(
+    0.100, "synthetic", _loading(0.010), _training(0.180, 0.001), 0.100, "knob"
+  )
+  assert verdict["kind"] == bench_report.FORCED_SYNC
+  assert "1.80x" in verdict["text"]
+  assert "print(loss)" in verdict["text"] and "jax.device_get" in verdict["text"]
+
+
+def test_fast_loader_but_waiting_steps_is_starvation():
+  verdict = bench_report.decide(
+    0.100, "synthetic", _loading(0.010), _training(0.180, 0.070), 0.100, "knob"
+  )
+  assert verdict["kind"] == bench_report.STARVED
+  assert "70.00 ms" in verdict["text"]
+
+
+def test_loading_only_gives_verdict_without_training():
+  assert (
+    bench_report.decide(0.05, "given", _loading(0.01), None, None, "k")["kind"]
+    == bench_report.NOT_BOTTLENECK
+  )
+  assert bench_report.decide(0.05, "given", _loading(0.06), None, None, "k")["kind"] == (
+    bench_report.BOTTLENECK
+  )
+
+
+def test_next_knob_uses_sweep_then_cores_then_slowest_stage():
+  loading = _loading(0.3, workers=1)
+  rec = {"workers": 4, "reason": "fastest"}
+  assert "grain_worker_count=4" in bench_report.next_knob(loading, 2, rec, None)
+  stages = {"read": 0.001, "build": 0.2, "batch": 0.01, "device": 0.002}
+  assert bench_report.slowest_stage(stages) == "build"
+  advice = bench_report.next_knob(loading, 2, {"workers": 1, "reason": ""}, stages)
+  assert advice == bench_report.STAGE_ADVICE["build"]
+
+
+def test_recommend_workers_prefers_fewest_meeting_target():
+  sweep = [
+    dict(_loading(0.200, workers=0)),
+    dict(_loading(0.070, workers=1)),
+    dict(_loading(0.040, workers=2)),
+    dict(_loading(0.039, workers=4)),
+  ]
+  assert bench_report.recommend_workers(sweep, 0.1)["workers"] == 1
+  assert bench_report.recommend_workers(sweep, 0.05)["workers"] == 2
+  # No count meets 10 ms: the fewest near the fastest.
+  assert bench_report.recommend_workers(sweep, 0.01)["workers"] == 2
+  assert bench_report.recommend_workers(sweep, None)["workers"] == 2
+
+
+def test_loading_summary_figures():
+  s = bench_report.loading_summary([0.1, 0.2, 0.3, 0.4], 1.0, 1.0, 3000, 4000, 2.0, 2)
+  assert s["batch_s"] == pytest.approx(0.25)
+  assert s["batch_time_s"]["median"] == pytest.approx(0.25)
+  assert s["batch_time_s"]["max"] == pytest.approx(0.4)
+  assert s["real_tokens_per_s"] == pytest.approx(3000)
+  assert s["cpu_cores_busy"] == pytest.approx(2.0)
+  assert s["real_tokens_per_s_per_core"] == pytest.approx(1500)
+  assert s["padding_share"] == pytest.approx(0.25)
+
+
+def test_accelerator_estimate_for_latency_network_on_h100():
+  cfg = config.load(None)  # base.yml holds the 20-layer, 640-wide model
+  peak, source = accelerators.resolve_peak_tflops(None, "H100", cfg)
+  assert (peak, source) == (989.0, "h100")
+  est = accelerators.estimate(cfg, source, peak, tokens_per_batch=8 * 1024)
+  d, layers, length = 640, 20, 1024
+  matmul = layers * (4 * d * d + 3 * d * 2048) + 268 * d
+  flops = 6 * matmul + 6 * layers * length * 10 * 64
+  assert est["flops_per_token"] == pytest.approx(flops)
+  at_40 = est["at_mfu"][0]
+  assert at_40["mfu"] == 0.4
+  assert at_40["tokens_per_s"] == pytest.approx(0.4 * 989e12 / flops)
+  assert at_40["step_time_s"] == pytest.approx(8 * 1024 / at_40["tokens_per_s"])
+  assert est["at_mfu"][1]["tokens_per_s"] == pytest.approx(at_40["tokens_per_s"] * 1.5)
+
+
+def test_peak_from_flag_config_and_bad_name():
+  cfg = config.load(None)
+  assert accelerators.resolve_peak_tflops(123.0, "v5e", cfg) == (123.0, "--peak-tflops")
+  assert accelerators.resolve_peak_tflops(None, None, cfg)[0] == cfg.peak_tflops_per_device
+  with pytest.raises(config.ConfigError, match="v5e"):
+    accelerators.resolve_peak_tflops(None, "tpu9", cfg)
+
+
+def _report(tmp_path) -> dict:
+  cfg = config.load(None)
+  loading = _loading(0.012)
+  acc = accelerators.estimate(cfg, "h100", 989.0, tokens_per_batch=8 * 1024)
+  synthetic, real = _training(0.100, 0.0004), _training(0.104, 0.0006)
+  target = {"step_time_s": 0.1, "source": "synthetic data on this machine"}
+  return {
+    "batch": {"sequences": 8, "max_target_length": 1024, "tokens": 8192},
+    "target": target,
+    "synthetic": synthetic,
+    "real": real,
+    "loading": loading,
+    "sweep": [_loading(0.03, workers=0), loading],
+    "recommended_workers": {"workers": 2, "reason": "fewest"},
+    "stages": {"per_batch_s": {"read": 0.001, "build": 0.01}, "slowest": "build"},
+    "accelerator": bench_report.with_loader_cores(acc, loading),
+    "verdict": bench_report.decide(0.1, target["source"], loading, real, 0.1, "k"),
+  }
+
+
+def test_report_table_json_and_plot_hold_the_numbers(tmp_path):
+  report = _report(tmp_path)
+  table = bench_report.format_table(report)
+  assert report["verdict"]["text"] in table
+  assert f"{report['loading']['batch_s'] * 1e3:.2f} ms/batch" in table
+  assert "workers=0" in table and "slowest: build" in table
+  path = bench_report.write_json(report, tmp_path / "bench" / "report.json")
+  loaded = json.loads(path.read_text())
+  assert loaded["loading"]["batch_times_s"] == report["loading"]["batch_times_s"]
+  assert loaded["real"]["step_times_s"] == report["real"]["step_times_s"]
+  cores = loaded["accelerator"]["at_mfu"][0]["loader_cores_needed"]
+  per_core = report["loading"]["slot_tokens_per_s"] / report["loading"]["cpu_cores_busy"]
+  assert cores == pytest.approx(loaded["accelerator"]["at_mfu"][0]["tokens_per_s"] / per_core)
+  png = bench_report.write_plot(report, tmp_path / "bench" / "report.png")
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert png.stat().st_size > 10_000
