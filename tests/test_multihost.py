@@ -1,0 +1,258 @@
+"""Multi-process runs on CPU: real `jax.distributed` processes talking over 127.0.0.1.
+
+Each multi-process test starts its workers as subprocesses with a coordinator on a free
+loopback port and kills the whole process group on timeout, so a stuck collective fails the
+test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import portpicker
+import pytest
+
+from maxtext_netdata import config, multihost
+from maxtext_netdata.config import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER_TIMEOUT_S = 90
+
+
+def run_processes(
+  argv: list[str], num_processes: int, *, devices_per_process: int = 1, extra_env=None
+) -> list[subprocess.CompletedProcess]:
+  """Runs `argv` as processes 0..n-1 of one jax.distributed job; kills them all on timeout."""
+  port = portpicker.pick_unused_port()
+  procs = []
+  for process_id in range(num_processes):
+    env = dict(os.environ)
+    env.update(
+      JAX_PLATFORMS="cpu",
+      XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
+      PYTHONPATH=str(REPO),
+      **(extra_env or {}),
+    )
+    if num_processes > 1:
+      env.update(
+        JAX_NUM_PROCESSES=str(num_processes),
+        JAX_PROCESS_ID=str(process_id),
+        JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+      )
+    procs.append(
+      subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+      )
+    )
+  results = []
+  try:
+    for proc in procs:
+      out, err = proc.communicate(timeout=WORKER_TIMEOUT_S)
+      results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+  return results
+
+
+def check_ok(results: list[subprocess.CompletedProcess]) -> None:
+  for process_id, result in enumerate(results):
+    assert result.returncode == 0, f"process {process_id} failed:\n{result.stderr[-3000:]}"
+
+
+# --- environment → setup ------------------------------------------------------------------
+
+
+def test_single_process_when_nothing_asks_for_more():
+  assert multihost.distributed_setup({}) is None
+  assert multihost.distributed_setup({"JAX_NUM_PROCESSES": "1"}) is None
+  assert multihost.initialize_distributed(config.load(None), env={}) is False
+
+
+def test_explicit_setup_from_env():
+  setup = multihost.distributed_setup(
+    {
+      "JAX_NUM_PROCESSES": "4",
+      "JAX_PROCESS_ID": "3",
+      "JAX_COORDINATOR_ADDRESS": "10.0.0.2:8476",
+    }
+  )
+  assert setup == multihost.DistributedSetup("10.0.0.2:8476", 4, 3)
+
+
+def test_auto_leaves_everything_to_cluster_detection():
+  setup = multihost.distributed_setup({"JAX_NUM_PROCESSES": "auto"})
+  assert setup == multihost.DistributedSetup(None, None, None)
+
+
+@pytest.mark.parametrize(
+  "env, message",
+  [
+    ({"JAX_NUM_PROCESSES": "two"}, "must be a process count or 'auto'"),
+    ({"JAX_NUM_PROCESSES": "0"}, "must be at least 1"),
+    ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"}, "JAX_COORDINATOR_ADDRESS"),
+    (
+      {"JAX_NUM_PROCESSES": "2", "JAX_COORDINATOR_ADDRESS": "h:1"},
+      "JAX_PROCESS_ID is not set",
+    ),
+    (
+      {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "2", "JAX_COORDINATOR_ADDRESS": "h:1"},
+      r"JAX_PROCESS_ID=2 must be in \[0, 2\)",
+    ),
+    (
+      {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "x", "JAX_COORDINATOR_ADDRESS": "h:1"},
+      "JAX_PROCESS_ID='x' is not an integer",
+    ),
+    (
+      {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0", "JAX_COORDINATOR_ADDRESS": "h"},
+      "must be host:port",
+    ),
+  ],
+)
+def test_bad_environment_is_a_clear_error(env, message):
+  with pytest.raises(ConfigError, match=message):
+    multihost.distributed_setup(env)
+
+
+def test_timeout_must_be_positive():
+  cfg = config.load(None, ["jax_distributed_initialization_timeout=0"])
+  env = {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1", "JAX_COORDINATOR_ADDRESS": "h:1"}
+  with pytest.raises(ConfigError, match="jax_distributed_initialization_timeout=0"):
+    multihost.initialize_distributed(cfg, env=env)
+
+
+# --- rows per process ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch, count", [(8, 1), (8, 2), (8, 4), (24, 8), (6, 3)])
+def test_process_row_ranges_are_disjoint_and_cover_the_batch(batch, count):
+  ranges = [multihost.process_row_range(batch, h, count) for h in range(count)]
+  rows = [row for start, stop in ranges for row in range(start, stop)]
+  assert rows == list(range(batch))
+  assert len({stop - start for start, stop in ranges}) == 1
+
+
+def test_batch_that_does_not_divide_over_processes_is_an_error():
+  with pytest.raises(ConfigError, match="10 sequences does not divide over 4 processes"):
+    multihost.process_row_range(10, 0, 4)
+
+
+# --- real jax.distributed processes -------------------------------------------------------
+
+ROWS_WORKER = textwrap.dedent(
+  """
+    import hashlib, json, sys
+    import jax, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from maxtext_netdata import config, multihost
+
+    cfg = config.load(None, ["jax_distributed_initialization_timeout=60"])
+    started = multihost.initialize_distributed(cfg)
+    batch = 16
+    order = json.loads(sys.argv[1])  # device order of the mesh, as positions in jax.devices()
+    devices = [jax.devices()[i] for i in order]
+    sharding = NamedSharding(Mesh(np.array(devices), ("data",)), PartitionSpec("data"))
+    rows = multihost.process_rows(sharding, (batch, 5))
+    # Each row is a pure function of its global index, as in the input pipeline.
+    local = (rows[:, None] * 1000 + np.arange(5)[None, :]).astype(np.int32)
+    array = jax.make_array_from_process_local_data(sharding, local, (batch, 5))
+    whole = multihost.gather_to_host({"x": array})["x"]
+    print(json.dumps({
+        "started": started,
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "rows": rows.tolist(),
+        "range": multihost.process_row_range(batch),
+        "digest": hashlib.sha256(whole.tobytes()).hexdigest(),
+        "expected": hashlib.sha256(
+            (np.arange(batch)[:, None] * 1000 + np.arange(5)[None, :]).astype(np.int32).tobytes()
+        ).hexdigest(),
+    }))
+    """
+)
+
+
+def _reports(results) -> list[dict]:
+  check_ok(results)
+  return [json.loads(r.stdout.strip().splitlines()[-1]) for r in results]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_processes, devices", [(1, 4), (2, 2), (4, 1)])
+def test_rows_per_process_build_the_same_global_array(num_processes, devices):
+  order = list(range(4))
+  reports = _reports(
+    run_processes(
+      [sys.executable, "-c", ROWS_WORKER, json.dumps(order)],
+      num_processes,
+      devices_per_process=devices,
+    )
+  )
+  assert [r["process_index"] for r in reports] == list(range(num_processes))
+  assert all(r["started"] is (num_processes > 1) for r in reports)
+  assert all(r["process_count"] == num_processes for r in reports)
+  # In jax.devices() order, sharding rows are exactly the contiguous process ranges.
+  for report in reports:
+    start, stop = report["range"]
+    assert report["rows"] == list(range(start, stop))
+  covered = sorted(row for r in reports for row in r["rows"])
+  assert covered == list(range(16))
+  assert {r["digest"] for r in reports} == {reports[0]["expected"]}
+
+
+@pytest.mark.slow
+def test_rows_follow_the_sharding_when_the_mesh_interleaves_processes():
+  # Devices 0,1 belong to process 0 and 2,3 to process 1; this mesh alternates them, so a
+  # process's rows are not one contiguous range and only process_rows gets them right.
+  reports = _reports(
+    run_processes(
+      [sys.executable, "-c", ROWS_WORKER, json.dumps([0, 2, 1, 3])], 2, devices_per_process=2
+    )
+  )
+  assert reports[0]["rows"] == [0, 1, 2, 3, 8, 9, 10, 11]
+  assert reports[1]["rows"] == [4, 5, 6, 7, 12, 13, 14, 15]
+  assert {r["digest"] for r in reports} == {reports[0]["expected"]}
+
+
+@pytest.mark.slow
+def test_unreachable_coordinator_fails_within_the_timeout_and_says_why():
+  worker = (
+    "from maxtext_netdata import config, multihost\n"
+    "multihost.initialize_distributed(config.load(None,"
+    " ['jax_distributed_initialization_timeout=2']))\n"
+  )
+  port = portpicker.pick_unused_port()
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=str(REPO),
+    JAX_NUM_PROCESSES="2",
+    JAX_PROCESS_ID="1",
+    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+  )
+  result = subprocess.run(
+    [sys.executable, "-c", worker],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=WORKER_TIMEOUT_S,
+  )
+  assert result.returncode != 0
+  assert (
+    f"process 1 of 2 connecting to the coordinator at 127.0.0.1:{port} (timeout 2 s)"
+    in result.stderr
+  )
