@@ -33,7 +33,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup_env: installing maxtext_netdata[$EXTRAS] (pinned by constraints.txt)" >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    -c "$ROOT/constraints.txt" -e "$ROOT[$EXTRAS]" >&2
+    -c "$ROOT/constraints.txt" -e "${ROOT}[${EXTRAS}]" >&2
   echo "$want" >"$stamp"
 fi
 
