@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Creates .venv with Python 3.12 and installs the project through constraints.txt.
 # Idempotent: re-installs only when setup.py, constraints.txt or the extras change.
-# Usage: source scripts/setup_env.sh [EXTRAS]   (EXTRAS default: test)
+# Usage: source scripts/setup_env.sh [EXTRAS]   (EXTRAS default: test; "" for none)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-EXTRAS="${1:-test}"
+EXTRAS="${1-test}"
 VENV="${NETDATA_VENV:-$ROOT/.venv}"
 
 find_python() {
@@ -33,7 +33,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup_env: installing maxtext_netdata[$EXTRAS] (pinned by constraints.txt)" >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    -c "$ROOT/constraints.txt" -e "${ROOT}[${EXTRAS}]" >&2
+    -c "$ROOT/constraints.txt" -e "${ROOT}${EXTRAS:+[${EXTRAS}]}" >&2
   echo "$want" >"$stamp"
 fi
 
