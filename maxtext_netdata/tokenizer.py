@@ -1,0 +1,376 @@
+"""The netdata-v1 tokenizer: measurements as numpy columns -> token ids, and back.
+
+Everything here works on whole columns at once: the input pipeline calls `encode` once per
+batch of sequences, so the cost is a few dozen numpy operations per call, never Python per
+row. A measurement is `MEASUREMENT_START` followed by four field blocks (source, destination,
+result, timestamp) in one of the 24 orders of `PERMUTATIONS`; a measurement without a
+timestamp simply has an empty timestamp block.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import itertools
+import random
+import socket
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from maxtext_netdata import tokens as tk
+
+PERMUTATIONS = np.array(
+  list(itertools.permutations((tk.BLOCK_SRC, tk.BLOCK_DST, tk.BLOCK_RESULT, tk.BLOCK_TIMESTAMP))),
+  dtype=np.uint8,
+)
+_PERMUTATION_INDEX = {tuple(int(b) for b in p): i for i, p in enumerate(PERMUTATIONS)}
+
+# Tokens of the timestamp block per TS_* kind (tag + payload bytes).
+_TS_LENGTH = np.array([0, 9, 2, 5], dtype=np.int64)
+_TS_TAG = np.array([0, tk.TIMESTAMP_ABS, tk.TIMESTAMP_DELTA1, tk.TIMESTAMP_DELTA4], np.int32)
+_BLOCK_NAMES = {
+  tk.BLOCK_SRC: "src",
+  tk.BLOCK_DST: "dst",
+  tk.BLOCK_RESULT: "result",
+  tk.BLOCK_TIMESTAMP: "timestamp",
+}
+_B = tk.BYTE_OFFSET
+
+
+def rtt_bytes(rtt_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """(uint8 [N, 2] RTT payload bytes, bool [N] failed) of RTTs in milliseconds.
+
+  The payload is a 5-bit exponent and an 11-bit mantissa of microseconds (SPEC §2):
+  `m * 2**e` us, truncated, at least 1 us. rtt < 0 is a failed probe (bytes 0). NaN or
+  infinite RTTs raise ValueError.
+  """
+  rtt_ms = np.asarray(rtt_ms, dtype=np.float64)
+  if not np.isfinite(rtt_ms).all():
+    row = int(np.flatnonzero(~np.isfinite(rtt_ms))[0])
+    raise ValueError(f"RTT at index {row} is {rtt_ms[row]}; RTTs must be finite")
+  failed = rtt_ms < 0
+  us = np.maximum(1.0, rtt_ms * 1000)
+  # Halving is exact in binary floating point, so the exponent of the spec's halving loop is
+  # the binary exponent of `us` above 2**10, capped at 31.
+  _, exponent = np.frexp(us)
+  e = np.clip(exponent - 11, 0, 31)
+  m = np.minimum(np.ldexp(us, -e).astype(np.int64), 2047)
+  out = np.empty((len(rtt_ms), 2), dtype=np.uint8)
+  out[:, 0] = (e << 3) | (m >> 8)
+  out[:, 1] = m & 0xFF
+  out[failed] = 0
+  return out, failed
+
+
+def rtt_ms_of_bytes(high: int, low: int) -> float:
+  """The RTT in milliseconds that payload bytes (high, low) stand for."""
+  return ((high & 7) << 8 | low) * 2 ** (high >> 3) / 1000
+
+
+def measurement_lengths(version, failed, ts_kind) -> np.ndarray:
+  """int32 [N] tokens per measurement."""
+  address = np.where(np.asarray(version) == 4, 5, 17)
+  result = np.where(np.asarray(failed), 1, 3)
+  return (1 + 2 * address + result + _TS_LENGTH[np.asarray(ts_kind)]).astype(np.int32)
+
+
+def timestamp_kinds(seconds, has_ts, segment_start) -> tuple[np.ndarray, np.ndarray]:
+  """Timestamp kind and value of each row, for many sequences laid end to end.
+
+  Rows with `has_ts` False get TS_NONE (value 0). The first timestamped row after each
+  `segment_start` (row 0 always starts one) gets TS_ABS with value = seconds; every later
+  timestamped row the delta from the previous timestamped row of its segment, clamped at
+  >= 0: <= 255 is TS_DELTA1, above TS_DELTA4 saturating at 2**32 - 1.
+
+  Returns (ts_kind uint8 [N], ts_value int64 [N]).
+  """
+  seconds = np.asarray(seconds, dtype=np.int64)
+  has_ts = np.asarray(has_ts, dtype=bool)
+  segment_start = np.asarray(segment_start, dtype=bool)
+  n = len(seconds)
+  index = np.arange(n)
+  last_ts = np.maximum.accumulate(np.where(has_ts, index, -1))
+  previous = np.empty(n, dtype=np.int64)
+  previous[:1] = -1
+  previous[1:] = last_ts[:-1]
+  segment_first = np.maximum.accumulate(np.where(segment_start, index, 0))
+  first = previous < segment_first
+  delta = np.maximum(seconds - seconds[np.maximum(previous, 0)], 0)
+  kind = np.where(delta <= 255, tk.TS_DELTA1, tk.TS_DELTA4).astype(np.uint8)
+  value = np.minimum(delta, tk.DELTA4_MAX)
+  kind[first] = tk.TS_ABS
+  value[first] = seconds[first]
+  kind[~has_ts] = tk.TS_NONE
+  value[~has_ts] = 0
+  return kind, value
+
+
+def random_orders(bits: np.ndarray) -> np.ndarray:
+  """uint8 [N] field-order indices (into PERMUTATIONS) from uint64 random bits."""
+  return (np.asarray(bits, dtype=np.uint64) % np.uint64(len(PERMUTATIONS))).astype(np.uint8)
+
+
+def _text_list(texts) -> list:
+  return texts.to_pylist() if hasattr(texts, "to_pylist") else list(texts)
+
+
+def hashed_orders(src_text, dst_text, seconds, has_ts) -> np.ndarray:
+  """uint8 [N] field-order indices of the original format's deterministic order.
+
+  Seed = big-endian first 4 bytes of md5("{src}|{dst}|{seconds}") over the address text as
+  stored (null as empty) and the row's Unix seconds; `random.Random(seed).shuffle` permutes
+  [src, dst, result, timestamp] (or [src, dst, result] with the timestamp put last when the
+  row has none). This is per-row Python (~5 us a row): prefer `random` or `fixed` for speed.
+  """
+  seconds = np.asarray(seconds, dtype=np.int64).tolist()
+  has_ts = np.asarray(has_ts, dtype=bool).tolist()
+  out = np.empty(len(seconds), dtype=np.uint8)
+  with_ts = [tk.BLOCK_SRC, tk.BLOCK_DST, tk.BLOCK_RESULT, tk.BLOCK_TIMESTAMP]
+  for i, (src, dst, t, has) in enumerate(
+    zip(_text_list(src_text), _text_list(dst_text), seconds, has_ts, strict=True)
+  ):
+    key = f"{src or ''}|{dst or ''}|{t}".encode()
+    seed = int.from_bytes(hashlib.md5(key).digest()[:4], "big")
+    blocks = list(with_ts) if has else with_ts[:3]
+    random.Random(seed).shuffle(blocks)
+    if not has:
+      blocks.append(tk.BLOCK_TIMESTAMP)
+    out[i] = _PERMUTATION_INDEX[tuple(blocks)]
+  return out
+
+
+def _layout_tables() -> tuple[np.ndarray, ...]:
+  """Per-layout tables, layout = ((order * 2 + is_ipv6) * 2 + failed) * 4 + ts_kind.
+
+  starts [L, 4]: offset of each block's tag in the measurement, by block id; tags [L, 4]: the
+  tag tokens; rtt [L, 2]: offsets of the two RTT bytes; lengths [L]. Slots a layout does not
+  have (no timestamp, no RTT bytes when failed) point at offset 0, the MEASUREMENT_START,
+  which `encode` writes last, so every row can be scattered with the same shape.
+  """
+  count = len(PERMUTATIONS) * 16
+  starts = np.zeros((count, 4), dtype=np.int64)
+  tags = np.zeros((count, 4), dtype=np.int32)
+  rtt = np.zeros((count, 2), dtype=np.int64)
+  lengths = np.zeros(count, dtype=np.int64)
+  for order, permutation in enumerate(PERMUTATIONS):
+    for is_ipv6, failed, ts_kind in itertools.product((0, 1), (0, 1), range(4)):
+      layout = ((order * 2 + is_ipv6) * 2 + failed) * 4 + ts_kind
+      address = 17 if is_ipv6 else 5
+      block_length = [address, address, 1 if failed else 3, int(_TS_LENGTH[ts_kind])]
+      offset = 1
+      for block in permutation:
+        starts[layout, block] = offset
+        offset += block_length[block]
+      lengths[layout] = offset
+      if ts_kind == tk.TS_NONE:
+        starts[layout, tk.BLOCK_TIMESTAMP] = 0
+      tags[layout] = [
+        tk.SRC_IPV6 if is_ipv6 else tk.SRC_IPV4,
+        tk.DST_IPV6 if is_ipv6 else tk.DST_IPV4,
+        tk.FAILED if failed else tk.RTT_START,
+        _TS_TAG[ts_kind],
+      ]
+      if not failed:
+        rtt[layout] = starts[layout, tk.BLOCK_RESULT] + np.arange(1, 3)
+  return starts, tags, rtt, lengths
+
+
+_LAYOUT_STARTS, _LAYOUT_TAGS, _LAYOUT_RTT, _LAYOUT_LENGTHS = _layout_tables()
+
+
+def _check_range(name: str, values: np.ndarray, valid: np.ndarray) -> None:
+  if not valid.all():
+    bad = int(np.flatnonzero(~valid)[0])
+    raise ValueError(f"measurement {bad}: {name} {values[bad]} is out of range")
+
+
+def encode(
+  *,
+  src,
+  dst,
+  version,
+  rtt_bytes,
+  failed,
+  ts_kind,
+  ts_value,
+  order,
+  out=None,
+  positions=None,
+) -> tuple[np.ndarray, np.ndarray]:
+  """Tokens of N measurements.
+
+  Args:
+    src, dst: uint8 [N, 16] addresses (IPv4 in the first 4 bytes).
+    version: uint8 [N], 4 or 6.
+    rtt_bytes, failed: as returned by `rtt_bytes`.
+    ts_kind, ts_value: as returned by `timestamp_kinds`.
+    order: uint8 [N] index into PERMUTATIONS; the timestamp block is empty for TS_NONE.
+    out: optional int32 1-D buffer to write into (with `positions`).
+    positions: int64 [N] start of each measurement in `out`; the caller guarantees the
+      measurements fit (see `measurement_lengths`) and do not overlap.
+
+  Returns:
+    Without `out`: (int32 tokens of all measurements back to back, int64 offsets [N + 1]).
+    With `out`: (out, positions), written in place; tokens outside the measurements are
+    left untouched.
+  """
+  version = np.asarray(version)
+  failed = np.asarray(failed, dtype=bool)
+  ts_kind = np.asarray(ts_kind)
+  order = np.asarray(order)
+  is_ipv6 = version == 6
+  _check_range("ip version", version, is_ipv6 | (version == 4))
+  _check_range("field order", order, order < len(PERMUTATIONS))
+  _check_range("timestamp kind", ts_kind, ts_kind <= tk.TS_DELTA4)
+  layout = ((order.astype(np.intp) * 2 + is_ipv6) * 2 + failed) * 4 + ts_kind
+  if out is None:
+    offsets = np.zeros(len(version) + 1, dtype=np.int64)
+    np.cumsum(np.take(_LAYOUT_LENGTHS, layout), out=offsets[1:])
+    positions = offsets[:-1]
+    out = np.empty(int(offsets[-1]), dtype=np.int32)
+    result = (out, offsets)
+  else:
+    positions = np.asarray(positions, dtype=np.int64)
+    result = (out, positions)
+  column = positions[:, None]
+  starts = np.take(_LAYOUT_STARTS, layout, axis=0)  # absolute tag position of each block
+  starts += column
+  out[starts] = np.take(_LAYOUT_TAGS, layout, axis=0)
+  rtt_at = np.take(_LAYOUT_RTT, layout, axis=0)
+  rtt_at += column
+  out[rtt_at] = np.add(rtt_bytes, _B, dtype=np.int32)
+
+  # Address bytes, one scatter per IP version and block; a single-version batch (the usual
+  # case: one probe per sequence) skips the row gathers.
+  for rows, width in ((np.flatnonzero(~is_ipv6), 4), (np.flatnonzero(is_ipv6), 16)):
+    if len(rows) == len(version):
+      group_starts, group_src, group_dst = starts, src, dst
+    elif len(rows):
+      group_starts = np.take(starts, rows, axis=0)
+      group_src = np.take(src, rows, axis=0)
+      group_dst = np.take(dst, rows, axis=0)
+    else:
+      continue
+    byte_offsets = np.arange(1, 1 + width)
+    for block, address in ((tk.BLOCK_SRC, group_src), (tk.BLOCK_DST, group_dst)):
+      at = group_starts[:, block, None] + byte_offsets
+      out[at] = np.add(address[:, :width], _B, dtype=np.int32)
+
+  big_endian = np.asarray(ts_value, dtype=">u8").view(np.uint8).reshape(-1, 8)
+  for kind, width in ((tk.TS_ABS, 8), (tk.TS_DELTA1, 1), (tk.TS_DELTA4, 4)):
+    rows = np.flatnonzero(ts_kind == kind)
+    if len(rows):
+      at = np.take(starts[:, tk.BLOCK_TIMESTAMP], rows)[:, None] + np.arange(1, 1 + width)
+      out[at] = np.add(np.take(big_endian, rows, axis=0)[:, 8 - width :], _B, dtype=np.int32)
+  out[positions] = tk.MEASUREMENT_START
+  return result
+
+
+def _format_address(raw: Sequence[int]) -> str:
+  family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+  return socket.inet_ntop(family, bytes(raw))
+
+
+# Block tag -> (block id, payload bytes, IP version or timestamp kind name).
+_TAGS = {
+  tk.SRC_IPV4: (tk.BLOCK_SRC, 4, 4),
+  tk.SRC_IPV6: (tk.BLOCK_SRC, 16, 6),
+  tk.DST_IPV4: (tk.BLOCK_DST, 4, 4),
+  tk.DST_IPV6: (tk.BLOCK_DST, 16, 6),
+  tk.RTT_START: (tk.BLOCK_RESULT, 2, None),
+  tk.FAILED: (tk.BLOCK_RESULT, 0, None),
+  tk.TIMESTAMP_ABS: (tk.BLOCK_TIMESTAMP, 8, "abs"),
+  tk.TIMESTAMP_DELTA1: (tk.BLOCK_TIMESTAMP, 1, "delta"),
+  tk.TIMESTAMP_DELTA4: (tk.BLOCK_TIMESTAMP, 4, "delta"),
+}
+
+
+def _decode_one(tokens: list[int], start: int) -> tuple[dict, int]:
+  """The measurement at tokens[start] (a MEASUREMENT_START) and the index after it."""
+  found: dict[int, tuple[int, list[int], int]] = {}
+  i = start + 1
+  while i < len(tokens) and tokens[i] not in (tk.MEASUREMENT_START, tk.PAD):
+    tag = tokens[i]
+    if tag not in _TAGS:
+      raise ValueError(f"token {i}: expected a field tag, got {tk.token_name(tag)}")
+    block, width, _ = _TAGS[tag]
+    if block in found:
+      raise ValueError(f"token {i}: second {_BLOCK_NAMES[block]} block in one measurement")
+    payload = tokens[i + 1 : i + 1 + width]
+    for j, token in enumerate(payload):
+      if not _B <= token < _B + 256:
+        raise ValueError(f"token {i + 1 + j}: expected a byte, got {tk.token_name(token)}")
+    if len(payload) < width:
+      raise ValueError(f"token {len(tokens)}: stream ends inside a {tk.token_name(tag)} block")
+    found[block] = (tag, [t - _B for t in payload], i)
+    i += 1 + width
+  for block in (tk.BLOCK_SRC, tk.BLOCK_DST, tk.BLOCK_RESULT):
+    if block not in found:
+      raise ValueError(f"token {start}: measurement has no {_BLOCK_NAMES[block]} block")
+  src_tag, src, _ = found[tk.BLOCK_SRC]
+  dst_tag, dst, _ = found[tk.BLOCK_DST]
+  version = _TAGS[src_tag][2]
+  if _TAGS[dst_tag][2] != version:
+    raise ValueError(
+      f"token {found[tk.BLOCK_DST][2]}: IPv{version} source, other-version destination"
+    )
+  result_tag, rtt, _ = found[tk.BLOCK_RESULT]
+  measurement = {
+    "position": start,
+    "ip_version": version,
+    "src": _format_address(src),
+    "dst": _format_address(dst),
+    "failed": result_tag == tk.FAILED,
+    "rtt_ms": None if result_tag == tk.FAILED else rtt_ms_of_bytes(*rtt),
+    "timestamp": None,
+    "delta_s": None,
+    "order": [_BLOCK_NAMES[b] for b in sorted(found, key=lambda b: found[b][2])],
+  }
+  if tk.BLOCK_TIMESTAMP in found:
+    ts_tag, payload, _ = found[tk.BLOCK_TIMESTAMP]
+    value = int.from_bytes(bytes(payload), "big")
+    measurement["timestamp" if ts_tag == tk.TIMESTAMP_ABS else "delta_s"] = value
+  return measurement, i
+
+
+def decode(tokens: Iterable[int]) -> list[dict]:
+  """Readable measurements of a token stream (PAD skipped between measurements).
+
+  Each is a dict: position (index of its MEASUREMENT_START), ip_version, src, dst (text),
+  failed, rtt_ms (None when failed; the encoded value, within RTT precision), timestamp
+  (Unix seconds of an absolute timestamp, else None), delta_s (seconds of a delta timestamp,
+  else None) and order (block names as they appear). A malformed stream raises ValueError
+  naming the token position.
+  """
+  tokens = np.asarray(list(tokens), dtype=np.int64).tolist()
+  measurements = []
+  i = 0
+  while i < len(tokens):
+    if tokens[i] == tk.PAD:
+      i += 1
+    elif tokens[i] == tk.MEASUREMENT_START:
+      measurement, i = _decode_one(tokens, i)
+      measurements.append(measurement)
+    else:
+      raise ValueError(
+        f"token {i}: expected MEASUREMENT_START or PAD, got {tk.token_name(tokens[i])}"
+      )
+  return measurements
+
+
+def format_measurement(measurement: dict) -> str:
+  """One readable line for a decoded measurement."""
+  if measurement["failed"]:
+    result = "failed"
+  else:
+    result = f"rtt {measurement['rtt_ms']:.3f} ms"
+  if measurement["timestamp"] is not None:
+    when = datetime.datetime.fromtimestamp(measurement["timestamp"], datetime.UTC)
+    time_text = when.strftime(" at %Y-%m-%dT%H:%M:%SZ")
+  elif measurement["delta_s"] is not None:
+    time_text = f" +{measurement['delta_s']} s"
+  else:
+    time_text = ""
+  order = ",".join(measurement["order"])
+  return f"{measurement['src']} -> {measurement['dst']} {result}{time_text} [{order}]"
