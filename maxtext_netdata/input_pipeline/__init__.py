@@ -1,0 +1,15 @@
+"""Input pipelines: `create_data_iterator(config, mesh)` returns (train, eval or None).
+
+`create_data_iterator` is imported on first use: Grain worker processes import this package
+to unpickle their dataset graph, and should not pay for importing JAX.
+"""
+
+__all__ = ["create_data_iterator"]
+
+
+def __getattr__(name: str):
+  if name == "create_data_iterator":
+    from maxtext_netdata.input_pipeline.interface import create_data_iterator  # noqa: PLC0415
+
+    return create_data_iterator
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,131 @@
+"""`create_data_iterator(config, mesh)`: the dataset_type registry, as in MaxText.
+
+Each dataset type returns (train iterator, eval iterator or None). The iterators yield dicts
+of global `jax.Array`s, int32 [global_batch, max_target_length], whose batch dimension is
+sharded over the mesh axes of `config.data_sharding`; each process loads only its rows
+(`multihost.process_row_range`) and `jax.make_array_from_process_local_data` joins them.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from maxtext_netdata import mesh as mesh_lib
+from maxtext_netdata import multihost
+from maxtext_netdata.config import Config, ConfigError
+from maxtext_netdata.data.errors import DataError
+from maxtext_netdata.input_pipeline import network_grain, synthetic
+from maxtext_netdata.input_pipeline.sequences import BatchBuilder
+
+
+class DataIterator:
+  """Global batches from a Grain iterator of host batches.
+
+  `local_iterator` is the Grain DatasetIterator (for Orbax's
+  `grain.checkpoint.CheckpointHandler`); `get_state`/`set_state` are its JSON state, so a
+  restored iterator continues with exactly the next batch. `close` shuts worker processes down.
+  """
+
+  def __init__(self, local_iterator, sharding: jax.sharding.Sharding, global_rows: int):
+    self.local_iterator = local_iterator
+    self._sharding = sharding
+    self._global_rows = global_rows
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, jax.Array]:
+    batch = next(self.local_iterator)
+    return {
+      key: jax.make_array_from_process_local_data(
+        self._sharding, value, (self._global_rows, *value.shape[1:])
+      )
+      for key, value in batch.items()
+    }
+
+  def get_state(self) -> dict:
+    return self.local_iterator.get_state()
+
+  def set_state(self, state: dict) -> None:
+    self.local_iterator.set_state(state)
+
+  def close(self) -> None:
+    self.local_iterator.close()
+
+
+def global_batch_size(config: Config, mesh: Mesh) -> int:
+  """Sequences per step over all processes, checked to divide over processes and shards."""
+  size = config.global_batch_size(jax.device_count())
+  shards = math.prod(mesh.shape[axis] for axis in config.data_sharding)
+  if size % shards:
+    raise ConfigError(
+      f"global batch of {size} sequences does not divide over the {shards} devices of"
+      f" data_sharding={config.data_sharding!r}"
+    )
+  if size % jax.process_count():
+    raise ConfigError(
+      f"global batch of {size} sequences does not divide over {jax.process_count()} processes"
+    )
+  return size
+
+
+def _network_grain(config: Config, mesh: Mesh):
+  from maxtext_netdata.data import prepare  # noqa: PLC0415 (only this dataset type needs it)
+
+  size = global_batch_size(config, mesh)
+  sharding = mesh_lib.batch_sharding(config, mesh)
+  lo, hi = multihost.process_row_range(size)
+  splits = prepare.ensure_prepared(config, progress=jax.process_index() == 0)
+  train = BatchBuilder.from_config(config, splits.train, size)
+  train_iterator = DataIterator(
+    network_grain.make_iterator(config, train, lo, hi, train.num_steps), sharding, size
+  )
+  eval_iterator = None
+  if splits.eval.num_rows:
+    builder = BatchBuilder.from_config(config, splits.eval, size, num_epoch=1)
+    try:
+      steps = min(config.eval_steps, builder.steps_per_epoch)
+    except DataError as e:
+      print(f"input pipeline: no eval batches: {e}", file=sys.stderr)
+    else:
+      eval_iterator = DataIterator(
+        network_grain.make_iterator(config, builder, lo, hi, steps), sharding, size
+      )
+  return train_iterator, eval_iterator
+
+
+def _synthetic(config: Config, mesh: Mesh):
+  size = global_batch_size(config, mesh)
+  lo, hi = multihost.process_row_range(size)
+  host = synthetic.host_batch(size, config.max_target_length, config.data_shuffle_seed)
+  sharding = mesh_lib.batch_sharding(config, mesh)
+  batch = {
+    key: jax.make_array_from_process_local_data(
+      sharding, np.ascontiguousarray(value[lo:hi]), value.shape
+    )
+    for key, value in host.items()
+  }
+  return synthetic.SyntheticIterator(batch), None
+
+
+DATASET_TYPES: dict[str, Callable] = {
+  "network_grain": _network_grain,
+  "synthetic": _synthetic,
+}
+
+
+def create_data_iterator(config: Config, mesh: Mesh):
+  """(train iterator, eval iterator or None) of `config.dataset_type`."""
+  try:
+    make = DATASET_TYPES[config.dataset_type]
+  except KeyError:
+    raise ConfigError(
+      f"dataset_type={config.dataset_type!r} is not one of {', '.join(sorted(DATASET_TYPES))}"
+    ) from None
+  return make(config, mesh)

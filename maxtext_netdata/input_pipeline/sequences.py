@@ -1,0 +1,436 @@
+"""Host batches of training sequences, built whole-batch at a time with numpy.
+
+`BatchBuilder` turns global step s into the rows [s·B + lo, s·B + hi) of the global stream
+(B = global batch size): for each row its contexts from the epoch plan (`contexts.py`), then
+per context a mode, timestamps, an order and a field order, filled with whole measurements
+until the next one would not fit (SPEC §3). The work is split into stages that can be timed
+separately:
+
+    gathered = builder.gather(step, lo, hi)   # plan lookup + reading the store's rows
+    batch = builder.build(gathered)           # modes, fill, tokenize into the batch buffer
+    batch = transforms.shift_data(batch)      # targets shifted left (SPEC §4)
+
+Every random choice is `contexts.random_bits` of (seed, epoch, plan row, context index,
+measurement index, purpose), so a row is a pure function of its coordinates: any worker count,
+restart point or host count gives the same rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from maxtext_netdata import tokenizer
+from maxtext_netdata import tokens as tk
+from maxtext_netdata.data.errors import DataError
+from maxtext_netdata.input_pipeline import contexts
+
+FULL, PARTIAL, NONE = 0, 1, 2
+# With packing, each row also tries this many random one-probe filler contexts of at most
+# FILLER_ROWS measurements in the space its own contexts leave: a row's own contexts stop at
+# the first measurement that does not fit, which would otherwise leave ~1% padding.
+FILLERS = 4
+FILLER_ROWS = 3
+# Shortest measurement of each IP version (failed, no timestamp): bounds what can fit.
+_MIN_LENGTH = {4: 12, 6: 36}
+_TS_LENGTH = np.array([0, 9, 2, 5], dtype=np.int32)
+_FIXED_ORDER = 0  # PERMUTATIONS[0] is src, dst, result, timestamp
+_PLAN_CACHE = 2  # epochs whose plan a builder keeps (the current one and its neighbour)
+
+KEYS = (
+  "inputs",
+  "inputs_segmentation",
+  "inputs_position",
+  "targets",
+  "targets_segmentation",
+  "targets_position",
+)
+
+
+@dataclasses.dataclass
+class Gathered:
+  """Rows of one host batch with every candidate measurement read from the store.
+
+  Contexts are in round-major order (all first contexts of the rows, then all second ...);
+  candidates are the first `ctx_count[c]` rows of each context, laid end to end.
+  """
+
+  num_rows: int
+  epoch: int
+  ctx_row: np.ndarray  # int64 [C] row of the batch
+  ctx_index: np.ndarray  # int64 [C] index of the context within its row
+  ctx_unit: np.ndarray  # int64 [C] plan row (the random key of the row)
+  ctx_count: np.ndarray  # int64 [C] candidates
+  ctx_version: np.ndarray  # uint8 [C]
+  ctx_src: np.ndarray  # uint8 [C, 16]
+  round_bounds: np.ndarray  # int64 [R+1] contexts of round k: [round_bounds[k], ..[k+1])
+  store_row: np.ndarray  # int64 [M] candidate rows
+  dst: np.ndarray  # uint8 [M, 16]
+  seconds: np.ndarray  # int64 [M]
+  rtt_bytes: np.ndarray  # uint8 [M, 2]
+  failed: np.ndarray  # bool [M]
+  hashed_order: np.ndarray | None  # uint8 [M, 2]
+
+
+@dataclasses.dataclass
+class Layout:
+  """Where each taken measurement goes, in sequence order."""
+
+  store_row: np.ndarray  # int64 [T]
+  candidate: np.ndarray  # int64 [T] index into the Gathered candidates
+  position: np.ndarray  # int64 [T] flat start in the [rows, seq_len] batch
+  ts_kind: np.ndarray  # uint8 [T]
+  ts_value: np.ndarray  # int64 [T]
+  order: np.ndarray  # uint8 [T]
+  ctx_mode: np.ndarray  # int64 [C] mode of each context
+  ctx_offset: np.ndarray  # int64 [C] start of the context in its row
+  ctx_used: np.ndarray  # int64 [C] tokens of the context (0: not emitted)
+
+
+def _segment_starts(counts: np.ndarray) -> np.ndarray:
+  starts = np.zeros(len(counts), dtype=np.int64)
+  np.cumsum(counts[:-1], out=starts[1:])
+  return starts
+
+
+class BatchBuilder:
+  """Host batches of one prepared split.
+
+  Pickles as its parameters and the store's path; plans and store arrays are opened lazily
+  in each process.
+  """
+
+  def __init__(
+    self,
+    store,
+    *,
+    seq_len: int,
+    global_batch_size: int,
+    seed: int,
+    packing: bool,
+    shuffle: bool,
+    mode_weights,
+    field_order: str,
+    num_epoch: int,
+  ):
+    if global_batch_size < 1:
+      raise ValueError(f"global batch size {global_batch_size} must be positive")
+    if field_order == "hashed" and store.hashed_order is None:
+      raise DataError(
+        f"{store.path}: network_field_order=hashed needs a store prepared with it; run"
+        " prepare again"
+      )
+    self.store = store
+    self.seq_len = seq_len
+    self.global_batch_size = global_batch_size
+    self.seed = seed
+    self.packing = packing
+    self.shuffle = shuffle
+    weights = np.asarray(mode_weights, dtype=np.float64)
+    self.mode_weights = weights / weights.sum()
+    self.mode_cdf = np.cumsum(self.mode_weights)[:2]
+    self.field_order = field_order
+    self.num_epoch = num_epoch
+    self._plans: dict[int, contexts.EpochPlan] = {}
+
+  @classmethod
+  def from_config(cls, config, store, global_batch_size: int, **overrides) -> BatchBuilder:
+    """A builder with the data keys of `config` (`overrides` win)."""
+    kwargs = dict(
+      seq_len=config.max_target_length,
+      global_batch_size=global_batch_size,
+      seed=config.data_shuffle_seed,
+      packing=config.packing,
+      shuffle=config.enable_data_shuffling,
+      mode_weights=config.network_mode_weights,
+      field_order=config.network_field_order,
+      num_epoch=config.num_epoch,
+    )
+    kwargs.update(overrides)
+    return cls(store, **kwargs)
+
+  def __getstate__(self):
+    state = dict(self.__dict__)
+    state["_plans"] = {}
+    state.pop("stats", None)
+    return state
+
+  @functools.cached_property
+  def stats(self) -> contexts.ProbeStats:
+    return contexts.probe_stats(self.store, self.mode_weights)
+
+  def plan(self, epoch: int) -> contexts.EpochPlan:
+    """The plan of `epoch` (cached)."""
+    plan = self._plans.get(epoch)
+    if plan is None:
+      plan = contexts.plan_epoch(
+        self.stats,
+        seq_len=self.seq_len,
+        seed=self.seed,
+        epoch=epoch,
+        packing=self.packing,
+        shuffle=self.shuffle,
+      )
+      while len(self._plans) >= _PLAN_CACHE:
+        self._plans.pop(next(iter(self._plans)))
+      self._plans[epoch] = plan
+    return plan
+
+  @functools.cached_property
+  def steps_per_epoch(self) -> int:
+    """Global steps of one epoch: epoch 0's rows // global batch (the remainder is dropped).
+
+    Later epochs (whose jittered plans have a few rows more or fewer) use the same count,
+    dropping their extra rows or wrapping around to their first ones.
+    """
+    rows = self.plan(0).num_rows
+    steps = rows // self.global_batch_size
+    if steps == 0:
+      raise DataError(
+        f"{self.store.path}: {rows} sequences per epoch, fewer than one global batch of"
+        f" {self.global_batch_size}"
+      )
+    return steps
+
+  @property
+  def num_steps(self) -> int | None:
+    """Steps of all epochs; None when `num_epoch` is -1 (forever)."""
+    if self.num_epoch < 0:
+      return None
+    return self.steps_per_epoch * self.num_epoch
+
+  def gather(self, step: int, lo: int, hi: int) -> Gathered:
+    """Rows [lo, hi) of global batch `step`: contexts and their candidate store rows."""
+    epoch, step_in_epoch = divmod(step, self.steps_per_epoch)
+    plan = self.plan(epoch)
+    position = step_in_epoch * self.global_batch_size + np.arange(lo, hi)
+    units = plan.order[position % plan.num_rows]
+    num_rows = hi - lo
+    first = plan.unit_offsets[units]
+    per_row = plan.unit_offsets[units + 1] - first
+    ctx_row = np.repeat(np.arange(num_rows), per_row)
+    ctx_index = np.arange(len(ctx_row)) - np.repeat(_segment_starts(per_row), per_row)
+    plan_ctx = np.repeat(first, per_row) + ctx_index
+    ctx_unit = units[ctx_row]
+    ctx_probe = plan.ctx_probe[plan_ctx]
+    ctx_start = plan.ctx_start[plan_ctx]
+    ctx_end = plan.ctx_end[plan_ctx]
+    version = np.asarray(self.store.probe_version)
+    cap = np.where(version[ctx_probe] == 4, self.seq_len // 12, self.seq_len // 36)
+    if self.packing:
+      filler_row = np.repeat(np.arange(num_rows), FILLERS)
+      filler_index = np.tile(np.arange(FILLERS), num_rows) + per_row[filler_row]
+      bits = contexts.random_bits(
+        contexts.stream_key(self.seed, epoch, contexts.FILLER), units[filler_row], filler_index
+      )
+      filler_start = (bits % np.uint64(self.store.num_rows)).astype(np.int64)
+      offsets = self.stats.offsets
+      filler_probe = np.searchsorted(offsets, filler_start, side="right") - 1
+      ctx_row = np.concatenate([ctx_row, filler_row])
+      ctx_index = np.concatenate([ctx_index, filler_index])
+      ctx_unit = np.concatenate([ctx_unit, units[filler_row]])
+      ctx_probe = np.concatenate([ctx_probe, filler_probe])
+      ctx_start = np.concatenate([ctx_start, filler_start])
+      ctx_end = np.concatenate([ctx_end, offsets[filler_probe + 1]])
+      cap = np.concatenate([cap, np.full(len(filler_row), FILLER_ROWS)])
+    rounds = np.lexsort((ctx_row, ctx_index))
+    ctx_row, ctx_index, ctx_unit = ctx_row[rounds], ctx_index[rounds], ctx_unit[rounds]
+    ctx_probe, ctx_start, ctx_end, cap = (
+      ctx_probe[rounds],
+      ctx_start[rounds],
+      ctx_end[rounds],
+      cap[rounds],
+    )
+    ctx_count = np.maximum(np.minimum(ctx_end - ctx_start, cap), 1)
+    round_bounds = np.searchsorted(ctx_index, np.arange(ctx_index.max(initial=-1) + 2))
+    store_row = np.repeat(ctx_start - _segment_starts(ctx_count), ctx_count) + np.arange(
+      ctx_count.sum()
+    )
+    store = self.store
+    return Gathered(
+      num_rows=num_rows,
+      epoch=epoch,
+      ctx_row=ctx_row,
+      ctx_index=ctx_index,
+      ctx_unit=ctx_unit,
+      ctx_count=ctx_count,
+      ctx_version=version[ctx_probe],
+      ctx_src=np.asarray(store.probe_src)[ctx_probe],
+      round_bounds=round_bounds,
+      store_row=store_row,
+      dst=store.dst[store_row],
+      seconds=store.seconds[store_row],
+      rtt_bytes=store.rtt_bytes[store_row],
+      failed=store.failed[store_row],
+      hashed_order=None if self.field_order != "hashed" else store.hashed_order[store_row],
+    )
+
+  def layout(self, g: Gathered) -> Layout:
+    """Modes, timestamps and the fill of every context; where each measurement goes."""
+    key = functools.partial(contexts.stream_key, self.seed, g.epoch)
+    ctx_mode = np.searchsorted(
+      self.mode_cdf,
+      contexts.uniform(contexts.random_bits(key(contexts.MODE), g.ctx_unit, g.ctx_index)),
+      side="right",
+    )
+    drop_fraction = 0.1 + 0.8 * contexts.uniform(
+      contexts.random_bits(key(contexts.DROP_FRACTION), g.ctx_unit, g.ctx_index)
+    )
+    count = g.ctx_count
+    first = _segment_starts(count)
+    cand_ctx = np.repeat(np.arange(len(count)), count)
+    cand_j = np.arange(len(cand_ctx)) - first[cand_ctx]
+    unit, index = g.ctx_unit[cand_ctx], g.ctx_index[cand_ctx]
+    mode = ctx_mode[cand_ctx]
+    dropped_draw = contexts.uniform(contexts.random_bits(key(contexts.DROP), unit, index, cand_j))
+    has_ts = (mode == FULL) | ((mode == PARTIAL) & (dropped_draw >= drop_fraction[cand_ctx]))
+    ts_kind, ts_value = tokenizer.timestamp_kinds(g.seconds, has_ts, cand_j == 0)
+    version = g.ctx_version[cand_ctx]
+    length = tokenizer.measurement_lengths(version, g.failed, ts_kind).astype(np.int64)
+    within = np.cumsum(length)
+    within -= np.repeat(within[first] - length[first], count)
+    dropped = (~has_ts).astype(np.int64)
+    dropped_within = np.cumsum(dropped)
+    dropped_within -= np.repeat(dropped_within[first] - dropped[first], count)
+
+    taken_count = np.zeros(len(count), dtype=np.int64)
+    ctx_offset = np.zeros(len(count), dtype=np.int64)
+    ctx_used = np.zeros(len(count), dtype=np.int64)
+    remaining = np.full(g.num_rows, self.seq_len, dtype=np.int64)
+    for k in range(len(g.round_bounds) - 1):
+      c0, c1 = g.round_bounds[k], g.round_bounds[k + 1]
+      if c0 == c1:
+        continue
+      rows = g.ctx_row[c0:c1]
+      room = remaining[rows]
+      m0, m1 = first[c0], first[c1 - 1] + count[c1 - 1]
+      fits = within[m0:m1] <= np.repeat(room, count[c0:c1])
+      n = np.add.reduceat(fits, first[c0:c1] - m0, dtype=np.int64)
+      last = first[c0:c1] + n - 1
+      emitted = n > 0
+      used = np.where(emitted, within[np.maximum(last, 0)], 0)
+      # A partial context with no dropped timestamp among its taken measurements loses the
+      # last one's: that changes no other measurement's timestamp and only frees space.
+      fix = emitted & (ctx_mode[c0:c1] == PARTIAL) & (dropped_within[np.maximum(last, 0)] == 0)
+      fixed = last[fix]
+      used[fix] -= _TS_LENGTH[ts_kind[fixed]]
+      length[fixed] -= _TS_LENGTH[ts_kind[fixed]]
+      has_ts[fixed] = False
+      ts_kind[fixed] = tk.TS_NONE
+      ts_value[fixed] = 0
+      taken_count[c0:c1] = n
+      ctx_offset[c0:c1] = self.seq_len - room
+      ctx_used[c0:c1] = used
+      remaining[rows] = room - used
+
+    taken = np.flatnonzero(cand_j < taken_count[cand_ctx])
+    t_ctx = cand_ctx[taken]
+    t_j = cand_j[taken]
+    t_mode = ctx_mode[t_ctx]
+    sort_key = t_j.astype(np.float64)
+    shuffled = (t_mode == NONE) | ((t_mode == PARTIAL) & ~has_ts[taken])
+    draw = contexts.uniform(
+      contexts.random_bits(key(contexts.POSITION), unit[taken], index[taken], t_j)
+    )
+    sort_key[shuffled] = (draw * taken_count[t_ctx])[shuffled]
+    # Timsort on a mostly ascending key: `full` contexts are already runs.
+    sort_key += t_ctx * (self.seq_len + 1.0)
+    in_sequence = taken[np.argsort(sort_key, kind="stable")]
+    s_ctx = cand_ctx[in_sequence]
+    s_length = length[in_sequence]
+    before = np.cumsum(s_length) - s_length
+    s_first = _segment_starts(taken_count)
+    before -= np.repeat(before[s_first[taken_count > 0]], taken_count[taken_count > 0])
+    position = g.ctx_row[s_ctx] * self.seq_len + ctx_offset[s_ctx] + before
+
+    if self.field_order == "random":
+      order = tokenizer.random_orders(
+        contexts.random_bits(
+          key(contexts.FIELD_ORDER),
+          unit[in_sequence],
+          index[in_sequence],
+          cand_j[in_sequence],
+        )
+      )
+    elif self.field_order == "fixed":
+      order = np.full(len(in_sequence), _FIXED_ORDER, dtype=np.uint8)
+    else:
+      order = g.hashed_order[in_sequence, has_ts[in_sequence].astype(np.intp)]
+    return Layout(
+      store_row=g.store_row[in_sequence],
+      candidate=in_sequence,
+      position=position,
+      ts_kind=ts_kind[in_sequence],
+      ts_value=ts_value[in_sequence],
+      order=order,
+      ctx_mode=ctx_mode,
+      ctx_offset=ctx_offset,
+      ctx_used=ctx_used,
+    )
+
+  def build(self, g: Gathered) -> dict[str, np.ndarray]:
+    """The host batch of `g` before ShiftData: six int32 [rows, seq_len] arrays.
+
+    `targets` and `targets_segmentation` are the very arrays of `inputs` and
+    `inputs_segmentation` (ShiftData replaces them); `targets_position` is a copy.
+    """
+    lay = self.layout(g)
+    rows, seq_len = g.num_rows, self.seq_len
+    inputs = np.full((rows, seq_len), tk.PAD, dtype=np.int32)
+    c = lay.candidate
+    cand_ctx = np.repeat(np.arange(len(g.ctx_count)), g.ctx_count)[c]
+    tokenizer.encode(
+      src=g.ctx_src[cand_ctx],
+      dst=g.dst[c],
+      version=g.ctx_version[cand_ctx],
+      rtt_bytes=g.rtt_bytes[c],
+      failed=g.failed[c],
+      ts_kind=lay.ts_kind,
+      ts_value=lay.ts_value,
+      order=lay.order,
+      out=inputs.reshape(-1),
+      positions=lay.position,
+    )
+    segmentation, position = _segments(g, lay, inputs, seq_len)
+    # ShiftData replaces targets and targets_segmentation with new arrays, so they can share
+    # the inputs' buffers until then.
+    return {
+      "inputs": inputs,
+      "inputs_segmentation": segmentation,
+      "inputs_position": position,
+      "targets": inputs,
+      "targets_segmentation": segmentation,
+      "targets_position": position.copy(),
+    }
+
+
+def _segments(
+  g: Gathered, lay: Layout, inputs: np.ndarray, seq_len: int
+) -> tuple[np.ndarray, np.ndarray]:
+  """Segment ids 1..k per row (0 on padding) and positions restarting at 0 per segment.
+
+  Works on the flattened batch with 1-D scans: each context start holds 1 (the first of a
+  row: 1 minus the starts of all earlier rows, so a running sum restarts at every row) for
+  the ids, and its own flat index for the positions.
+  """
+  emitted = np.flatnonzero(lay.ctx_used > 0)
+  by_row = emitted[np.argsort(g.ctx_row[emitted], kind="stable")]
+  rows = g.ctx_row[by_row]
+  flat_start = (rows * seq_len + lay.ctx_offset[by_row]).astype(np.int32)
+  step = np.ones(len(by_row), dtype=np.int32)
+  row_first = np.flatnonzero(np.diff(rows, prepend=-1))
+  step[row_first] -= row_first.astype(np.int32)
+  size = g.num_rows * seq_len
+  markers = np.zeros(size, dtype=np.int32)
+  markers[flat_start] = step
+  segmentation = np.cumsum(markers, dtype=np.int32)
+  markers[:] = 0
+  markers[flat_start] = flat_start
+  position = np.arange(size, dtype=np.int32)
+  position -= np.maximum.accumulate(markers)
+  padding = inputs.reshape(-1) == tk.PAD
+  np.copyto(segmentation, 0, where=padding)
+  np.copyto(position, 0, where=padding)
+  return segmentation.reshape(g.num_rows, seq_len), position.reshape(g.num_rows, seq_len)

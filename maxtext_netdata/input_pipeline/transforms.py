@@ -1,0 +1,36 @@
+"""Per-batch transformations applied after a host batch is built."""
+
+from __future__ import annotations
+
+import grain
+import numpy as np
+
+from maxtext_netdata import tokens as tk
+
+
+def _shift_left(x: np.ndarray, fill: int) -> np.ndarray:
+  out = np.empty_like(x)
+  out[:, :-1] = x[:, 1:]
+  out[:, -1] = fill
+  return out
+
+
+def shift_data(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """MaxText's ShiftData (SPEC §4) on a host batch of [rows, seq_len] arrays.
+
+  `targets` shifted left by one with PAD last; `targets_segmentation` shifted left with 0
+  last, then 0 wherever the new target is PAD, so the loss mask `targets_segmentation != 0`
+  covers every real next token (MEASUREMENT_START included) and no padding. `inputs*` and
+  `targets_position` are unchanged. Returns a new dict; the input arrays are not modified.
+  """
+  targets = _shift_left(batch["targets"], tk.PAD)
+  segmentation = _shift_left(batch["targets_segmentation"], 0)
+  np.copyto(segmentation, 0, where=targets == tk.PAD)
+  return {**batch, "targets": targets, "targets_segmentation": segmentation}
+
+
+class ShiftData(grain.transforms.Map):
+  """`shift_data` as a Grain map transformation."""
+
+  def map(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return shift_data(element)
