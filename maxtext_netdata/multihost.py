@@ -187,6 +187,26 @@ def process_rows(sharding: jax.sharding.Sharding, global_shape: tuple[int, ...])
   return np.array(sorted(rows), dtype=np.int64)
 
 
+def sharded_row_range(
+  sharding: jax.sharding.Sharding, global_shape: tuple[int, ...]
+) -> tuple[int, int]:
+  """`process_rows` as one range [start, stop), for loaders that read contiguous rows.
+
+  Raises:
+    ConfigError: the mesh interleaves this process's devices with other processes' along
+      the batch dimension, so its rows are not one range.
+  """
+  rows = process_rows(sharding, global_shape)
+  start, stop = int(rows[0]), int(rows[-1]) + 1
+  if len(rows) != stop - start:
+    raise ConfigError(
+      f"process {jax.process_index()} holds rows {rows.tolist()} of the global batch, not one"
+      " range: build the mesh with each process's devices next to each other (jax.devices()"
+      " order does this)"
+    )
+  return start, stop
+
+
 def gather_to_host(batch: Mapping[str, jax.Array]) -> dict[str, np.ndarray]:
   """The whole of each global array as numpy, on every process (for digests and checks).
 

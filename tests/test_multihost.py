@@ -167,6 +167,13 @@ ROWS_WORKER = textwrap.dedent(
     devices = [jax.devices()[i] for i in order]
     sharding = NamedSharding(Mesh(np.array(devices), ("data",)), PartitionSpec("data"))
     rows = multihost.process_rows(sharding, (batch, 5))
+
+    def sharded_range(sharding):
+      try:
+        return multihost.sharded_row_range(sharding, (batch, 5))
+      except config.ConfigError as e:
+        return str(e)
+
     # Each row is a pure function of its global index, as in the input pipeline.
     local = (rows[:, None] * 1000 + np.arange(5)[None, :]).astype(np.int32)
     array = jax.make_array_from_process_local_data(sharding, local, (batch, 5))
@@ -177,6 +184,7 @@ ROWS_WORKER = textwrap.dedent(
         "process_count": jax.process_count(),
         "rows": rows.tolist(),
         "range": multihost.process_row_range(batch),
+        "sharded_range": sharded_range(sharding),
         "digest": hashlib.sha256(whole.tobytes()).hexdigest(),
         "expected": hashlib.sha256(
             (np.arange(batch)[:, None] * 1000 + np.arange(5)[None, :]).astype(np.int32).tobytes()
@@ -209,6 +217,7 @@ def test_rows_per_process_build_the_same_global_array(num_processes, devices):
   for report in reports:
     start, stop = report["range"]
     assert report["rows"] == list(range(start, stop))
+    assert report["sharded_range"] == [start, stop]
   covered = sorted(row for r in reports for row in r["rows"])
   assert covered == list(range(16))
   assert {r["digest"] for r in reports} == {reports[0]["expected"]}
@@ -225,6 +234,7 @@ def test_rows_follow_the_sharding_when_the_mesh_interleaves_processes():
   )
   assert reports[0]["rows"] == [0, 1, 2, 3, 8, 9, 10, 11]
   assert reports[1]["rows"] == [4, 5, 6, 7, 12, 13, 14, 15]
+  assert "process 0 holds rows [0, 1, 2, 3, 8, 9, 10, 11]" in reports[0]["sharded_range"]
   assert {r["digest"] for r in reports} == {reports[0]["expected"]}
 
 
