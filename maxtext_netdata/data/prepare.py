@@ -93,8 +93,8 @@ def prepare(config, *, progress: bool = True, force: bool = False) -> PreparedSp
     summary = _build(config, options, train_files, eval_files, tmp, fp, progress)
     summary["path"] = root
     store.write_json(os.path.join(tmp, store.META_FILE), summary)
-    if force and os.path.isdir(root):
-      shutil.rmtree(root)
+    if os.path.isdir(root) and (force or _open_complete(root) is None):
+      shutil.rmtree(root)  # forced rebuild, or the remains of an interrupted one
     try:
       os.rename(tmp, root)
     except OSError:
@@ -150,7 +150,7 @@ def _test_rows(config, rows: store.ProbeRows) -> np.ndarray:
   return np.repeat(test_probe, np.diff(rows.probe_offsets))
 
 
-_BATCH_ROWS = 1 << 19  # rows decoded at a time: bounds memory whatever the row-group size
+_BATCH_ROWS = 1 << 20  # rows decoded at a time: bounds memory whatever the row-group size
 
 
 @dataclasses.dataclass
@@ -162,7 +162,8 @@ class _ReadReport:
 def _open_parquet(uri: str, options: remote.StorageOptions) -> pq.ParquetFile:
   handle = remote.open_input_file(uri, options)
   try:
-    return pq.ParquetFile(handle)
+    # Addresses stay dictionary-encoded as stored: each distinct text is parsed once.
+    return pq.ParquetFile(handle, read_dictionary=["src_addr", "dst_addr"])
   except OSError as e:
     if remote.is_remote(uri) and not remote.is_permanent(e):
       raise

@@ -154,9 +154,10 @@ def validate_table(
       report.add(reason, int(bad.sum()))
       keep &= ~bad
 
-  src_text = pc.cast(table.column("src_addr"), pa.string()).combine_chunks()
-  dst_text = pc.cast(table.column("dst_addr"), pa.string()).combine_chunks()
-  if not keep.all():
+  src_text, dst_text = _text(table.column("src_addr")), _text(table.column("dst_addr"))
+  if keep.all():  # the common case: no copies
+    keep = slice(None)
+  else:
     mask = pa.array(keep)
     src_text, dst_text = src_text.filter(mask), dst_text.filter(mask)
   columns = RawColumns(
@@ -170,6 +171,13 @@ def validate_table(
       rows=rows[keep],
   )
   return columns, report
+
+
+def _text(column: pa.ChunkedArray) -> pa.Array:
+  """The address text as one array; dictionary-encoded text stays so (not decoded per row)."""
+  if pa.types.is_dictionary(column.type) and pa.types.is_string(column.type.value_type):
+    return column.combine_chunks()
+  return pc.cast(column, pa.string()).combine_chunks()
 
 
 def _row_message(source: str, row_offset: int, bad: np.ndarray, values, reason: str) -> str:

@@ -149,6 +149,7 @@ class ProbeRows:
     os.makedirs(path, exist_ok=True)
     sizes = np.diff(self.probe_offsets)
     if keep is not None:
+      kept = np.flatnonzero(keep)
       probe_of_row = np.repeat(np.arange(self.num_probes), sizes)
       sizes = np.bincount(probe_of_row[keep], minlength=self.num_probes)
       del probe_of_row
@@ -161,7 +162,7 @@ class ProbeRows:
     for name in ROW_ARRAYS:
       column = getattr(self, name)
       if column is not None:
-        _save(path, name, column if keep is None else column[keep])
+        _save(path, name, column if keep is None else take_rows(column, kept))
     counts = {
       "rows": int(offsets[-1]),
       "probes": int(present.sum()),
@@ -179,6 +180,18 @@ class ProbeRows:
       },
     )
     return counts
+
+
+def take_rows(array: np.ndarray, index: np.ndarray) -> np.ndarray:
+  """`array[index]` along axis 0; byte rows are moved as whole words (numpy gathers 2-D uint8
+  arrays byte by byte, several times slower)."""
+  if array.ndim == 2 and array.dtype == np.uint8 and array.shape[1] in (2, 4, 8, 16):
+    width = array.shape[1]
+    words = np.ascontiguousarray(array).view(
+      np.uint16 if width == 2 else np.uint32 if width == 4 else np.uint64
+    )
+    return np.take(words, index, axis=0).view(np.uint8).reshape(len(index), width)
+  return np.take(array, index, axis=0)
 
 
 def _save(path: str, name: str, array: np.ndarray) -> None:
@@ -252,29 +265,33 @@ class ProbeRowsBuilder:
     return mapping[local]
 
   def finish(self) -> ProbeRows:
-    """The rows grouped by probe (ordered by version, address), time-sorted within a probe."""
+    """The rows grouped by probe (ordered by version, address), time-sorted within a probe.
+
+    Call once: each column is released as soon as its sorted copy exists.
+    """
     n = self.size
     keys = np.frombuffer(b"".join(self._probe_ids), dtype=np.uint8).reshape(-1, 17)
     probe_order = np.lexsort(keys.T[::-1])  # bytewise: version, then address
-    rank = np.empty(len(probe_order), dtype=np.int64)
-    rank[probe_order] = np.arange(len(probe_order))
+    rank = np.empty(len(probe_order), dtype=np.int32)
+    rank[probe_order] = np.arange(len(probe_order), dtype=np.int32)
     probe = rank[self.probe[:n]]
-    seconds = self.seconds[:n]
-    perm = self._row_order(probe, seconds)
+    self.probe = None
+    perm = self._row_order(probe, self.seconds[:n])
     sizes = np.bincount(probe, minlength=len(keys))
+    del probe
     offsets = np.zeros(len(keys) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     keys = keys[probe_order]
+    columns = {}
+    for name in ROW_ARRAYS:
+      column = getattr(self, name)
+      columns[name] = None if column is None else take_rows(column[:n], perm)
+      setattr(self, name, None)
     return ProbeRows(
       probe_offsets=offsets,
       probe_src=np.ascontiguousarray(keys[:, 1:]),
       probe_version=np.ascontiguousarray(keys[:, 0]),
-      dst=self.dst[:n][perm],
-      seconds=seconds[perm],
-      rtt_bytes=self.rtt_bytes[:n][perm],
-      failed=self.failed[:n][perm],
-      rtt_ms=self.rtt_ms[:n][perm],
-      hashed_order=None if self.hashed_order is None else self.hashed_order[:n][perm],
+      **columns,
     )
 
   def _row_order(self, probe: np.ndarray, seconds: np.ndarray) -> np.ndarray:
