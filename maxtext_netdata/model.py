@@ -1,0 +1,224 @@
+"""A MaxText-style decoder-only Transformer in flax linen.
+
+Token embedding, then `base_num_decoder_layers` blocks of RMSNorm → causal self-attention
+with RoPE → residual → RMSNorm → gated SiLU MLP → residual (scanned over layers, like
+MaxText's `scan_layers`, so compile time does not grow with depth), a final RMSNorm and an
+untied output projection. Attention is causal and confined to one packed segment: a token
+sees earlier tokens of its own `inputs_segmentation` id only, and RoPE rotates by
+`inputs_position`, which restarts at 0 per segment. Activations are in `dtype`, parameters
+in `weight_dtype`; the output projection runs in float32 when `logits_dot_in_fp32`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from maxtext_netdata.config import Config
+
+_ROPE_MAX_TIMESCALE = 10_000.0
+
+
+def _dtype(name: str) -> jnp.dtype:
+  return jnp.dtype(name)
+
+
+class RMSNorm(nn.Module):
+  """Root-mean-square layer norm with a learned scale, computed in float32."""
+
+  dtype: jnp.dtype
+  weight_dtype: jnp.dtype
+  epsilon: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.weight_dtype)
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
+    return (y * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array) -> jax.Array:
+  """Rotary embedding of `x` [batch, length, heads, head_dim] at `positions` [batch, length]."""
+  half = x.shape[-1] // 2
+  fraction = 2.0 * jnp.arange(half, dtype=jnp.float32) / x.shape[-1]
+  timescale = _ROPE_MAX_TIMESCALE**fraction
+  angles = positions[..., None, None].astype(jnp.float32) / timescale  # [b, t, 1, half]
+  sin, cos = jnp.sin(angles), jnp.cos(angles)
+  first, second = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+  return rotated.astype(x.dtype)
+
+
+def attention_mask(segmentation: jax.Array) -> jax.Array:
+  """[batch, 1, q, k] True where query q may attend to key k: causal and same segment.
+
+  Padding (segment 0) attends to earlier padding, so no row is empty and softmax stays finite;
+  its outputs never reach the loss.
+  """
+  length = segmentation.shape[-1]
+  causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
+  same_segment = segmentation[:, :, None] == segmentation[:, None, :]
+  return (causal[None] & same_segment)[:, None]
+
+
+class Attention(nn.Module):
+  """Multi-head (or grouped-query) causal self-attention with RoPE."""
+
+  num_query_heads: int
+  num_kv_heads: int
+  head_dim: int
+  dtype: jnp.dtype
+  weight_dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+    def projection(heads: int, name: str) -> nn.DenseGeneral:
+      return nn.DenseGeneral(
+        (heads, self.head_dim),
+        use_bias=False,
+        dtype=self.dtype,
+        param_dtype=self.weight_dtype,
+        name=name,
+      )
+
+    query = apply_rope(projection(self.num_query_heads, "query")(x), positions)
+    key = apply_rope(projection(self.num_kv_heads, "key")(x), positions)
+    value = projection(self.num_kv_heads, "value")(x)
+    groups = self.num_query_heads // self.num_kv_heads
+    if groups > 1:
+      key = jnp.repeat(key, groups, axis=2)
+      value = jnp.repeat(value, groups, axis=2)
+    query = query * jnp.asarray(self.head_dim**-0.5, self.dtype)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+    return nn.DenseGeneral(
+      x.shape[-1],
+      axis=(-2, -1),
+      use_bias=False,
+      dtype=self.dtype,
+      param_dtype=self.weight_dtype,
+      name="out",
+    )(out)
+
+
+class Mlp(nn.Module):
+  """Gated SiLU MLP (MaxText's default `mlp_activations: [silu, linear]`)."""
+
+  hidden_dim: int
+  dtype: jnp.dtype
+  weight_dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    def dense(features: int, name: str) -> nn.Dense:
+      return nn.Dense(
+        features, use_bias=False, dtype=self.dtype, param_dtype=self.weight_dtype, name=name
+      )
+
+    hidden = nn.silu(dense(self.hidden_dim, "wi_0")(x)) * dense(self.hidden_dim, "wi_1")(x)
+    return dense(x.shape[-1], "wo")(hidden)
+
+
+class DecoderLayer(nn.Module):
+  """One pre-norm Transformer block; `(carry, None)` in and out for `nn.scan`."""
+
+  config: Config
+
+  @nn.compact
+  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array):
+    cfg = self.config
+    dtype, weight_dtype = _dtype(cfg.dtype), _dtype(cfg.weight_dtype)
+    attention = Attention(
+      cfg.base_num_query_heads,
+      cfg.base_num_kv_heads,
+      cfg.head_dim,
+      dtype,
+      weight_dtype,
+      name="attention",
+    )
+    x = x + attention(RMSNorm(dtype, weight_dtype, name="pre_attention_norm")(x), positions, mask)
+    mlp = Mlp(cfg.base_mlp_dim, dtype, weight_dtype, name="mlp")
+    x = x + mlp(RMSNorm(dtype, weight_dtype, name="pre_mlp_norm")(x))
+    return x, None
+
+
+class Transformer(nn.Module):
+  """The decoder: `(inputs, positions, segmentation)` int32 [batch, length] → logits.
+
+  Logits are [batch, length, vocab_size], float32 when `logits_dot_in_fp32`, else `dtype`.
+  """
+
+  config: Config
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array, positions: jax.Array, segmentation: jax.Array) -> jax.Array:
+    cfg = self.config
+    dtype, weight_dtype = _dtype(cfg.dtype), _dtype(cfg.weight_dtype)
+    embed = nn.Embed(
+      cfg.vocab_size,
+      cfg.base_emb_dim,
+      embedding_init=nn.initializers.normal(stddev=1.0),
+      dtype=dtype,
+      param_dtype=weight_dtype,
+      name="token_embedder",
+    )
+    x = embed(inputs)
+    mask = attention_mask(segmentation)
+    layers = nn.scan(
+      DecoderLayer,
+      variable_axes={"params": 0},
+      split_rngs={"params": True},
+      in_axes=(nn.broadcast, nn.broadcast),
+      length=cfg.base_num_decoder_layers,
+    )(cfg, name="layers")
+    x, _ = layers(x, positions, mask)
+    x = RMSNorm(dtype, weight_dtype, name="final_norm")(x)
+    logits_dtype = jnp.float32 if cfg.logits_dot_in_fp32 else dtype
+    return nn.Dense(
+      cfg.vocab_size,
+      use_bias=False,
+      dtype=logits_dtype,
+      param_dtype=weight_dtype,
+      name="logits_dense",
+    )(x.astype(logits_dtype))
+
+
+def check_model_config(cfg: Config) -> None:
+  """Raises ValueError for head counts that cannot form the attention."""
+  if cfg.base_num_query_heads % cfg.base_num_kv_heads:
+    raise ValueError(
+      f"base_num_query_heads={cfg.base_num_query_heads} is not a multiple of"
+      f" base_num_kv_heads={cfg.base_num_kv_heads}"
+    )
+  if cfg.head_dim % 2:
+    raise ValueError(f"head_dim={cfg.head_dim} must be even for RoPE")
+
+
+def _layer_matmul_params(cfg: Config) -> int:
+  d, heads, kv_heads = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads
+  return d * cfg.head_dim * (2 * heads + 2 * kv_heads) + 3 * d * cfg.base_mlp_dim
+
+
+def num_params(cfg: Config) -> int:
+  """Parameter count of `Transformer(cfg)` (embedding and output projection included)."""
+  d = cfg.base_emb_dim
+  per_layer = _layer_matmul_params(cfg) + 2 * d
+  return cfg.base_num_decoder_layers * per_layer + 2 * cfg.vocab_size * d + d
+
+
+def training_flops_per_token(cfg: Config) -> float:
+  """Forward + backward FLOPs per token, as MaxText counts them.
+
+  6 per matmul weight (layers and output projection; the embedding lookup and norms are no
+  matmuls) plus causal attention, 12·layers·heads·head_dim·length halved by the causal mask.
+  Packing shortens the real attention span, so packed sequences are slightly over-counted,
+  as in MaxText.
+  """
+  layers = cfg.base_num_decoder_layers
+  matmul_params = layers * _layer_matmul_params(cfg) + cfg.vocab_size * cfg.base_emb_dim
+  attention = 12 * layers * cfg.base_num_query_heads * cfg.head_dim * cfg.max_target_length / 2
+  return 6.0 * matmul_params + attention
