@@ -145,13 +145,19 @@ class _World:
     dual = self.has_v6[probe] & self.has_v6[dst]
     is_v6 = dual & (rng.random(n) < 0.72)
     inflation = 1.0 + rng.lognormal(np.log(0.45), 0.5, n) * np.where(is_v6, 1.15, 1.0)
-    self.stream_probe, self.stream_dst, self.stream_v6 = probe, dst, is_v6
-    self.base_ms = distance / 100.0 * inflation + self.access_ms[probe] + self.access_ms[dst] + 0.3
-    self.fail_p = np.where(rng.random(n) < 0.03, 1.0, rng.beta(0.6, 9.0, n))
-    self.interval = rng.choice(INTERVALS, n).astype(float)
-    self.first = self.alive_from[probe] + rng.uniform(0, self.interval)
-    self.count = np.maximum(0, np.floor((self.alive_to[probe] - self.first) / self.interval) + 1)
-    self.count = self.count.astype(np.int64)
+    base_ms = distance / 100.0 * inflation + self.access_ms[probe] + self.access_ms[dst] + 0.3
+    fail_p = np.where(rng.random(n) < 0.03, 1.0, rng.beta(0.6, 9.0, n))
+    interval_choice = rng.integers(0, len(INTERVALS), n)
+    # One measurement id per (destination, version, interval), shared by its probes; a probe
+    # takes part in a measurement once.
+    msm_id = 5_000_000 + ((dst - self.n_probes) * 2 + is_v6) * len(INTERVALS) + interval_choice
+    keep = np.sort(np.unique(probe * 2**32 + msm_id, return_index=True)[1])
+    self.stream_probe, self.stream_dst, self.stream_v6 = probe[keep], dst[keep], is_v6[keep]
+    self.base_ms, self.fail_p, self.msm_id = base_ms[keep], fail_p[keep], msm_id[keep]
+    self.interval = INTERVALS[interval_choice[keep]].astype(float)
+    self.first = self.alive_from[self.stream_probe] + rng.uniform(0, self.interval)
+    count = np.floor((self.alive_to[self.stream_probe] - self.first) / self.interval) + 1
+    self.count = np.maximum(0, count).astype(np.int64)
 
   def events(self, begin: int, end: int) -> tuple[np.ndarray, np.ndarray]:
     """(stream, time) of every ping in [begin, end) seconds."""
@@ -186,10 +192,9 @@ def _shard_table(world: _World, stream: np.ndarray, when: np.ndarray, rng) -> pa
   src[empty] = family[empty] + world.n_hosts
   dst = pa.array(family + world.stream_dst[stream], mask=rng.random(n) < 1e-4)
 
-  msm_id = 5_000_000 + 2 * (world.stream_dst[stream] - world.n_probes) + is_v6
   return pa.table(
     {
-      "msm_id": pa.array(msm_id, pa.int64()),
+      "msm_id": pa.array(world.msm_id[stream], pa.int64()),
       "event_time": pa.array(START_SECONDS + seconds, pa.timestamp("s", tz="UTC")),
       "src_addr": world.texts.take(src),
       "dst_addr": world.texts.take(dst),
