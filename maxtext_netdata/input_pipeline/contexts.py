@@ -159,7 +159,7 @@ class EpochPlan:
     return len(self.order)
 
 
-def _pieces(stats: ProbeStats, seq_len: int, key: np.uint64):
+def pieces(stats: ProbeStats, seq_len: int, key: np.uint64):
   """All pieces of all probes: (probe, start, end, is_long), store row coordinates."""
   offsets = stats.offsets
   counts = np.diff(offsets)
@@ -211,7 +211,7 @@ def plan_epoch(
   stats: ProbeStats, *, seq_len: int, seed: int, epoch: int, packing: bool, shuffle: bool
 ) -> EpochPlan:
   """The plan of one epoch (see the module docstring)."""
-  long_probe, long_start, _, short_probe, short_start, short_end = _pieces(
+  long_probe, long_start, _, short_probe, short_start, short_end = pieces(
     stats, seq_len, stream_key(seed, epoch, JITTER)
   )
   long_end = stats.offsets[long_probe + 1]  # long contexts fill up to the probe end

@@ -411,17 +411,17 @@ def _segments(
 ) -> tuple[np.ndarray, np.ndarray]:
   """Segment ids 1..k per row (0 on padding) and positions restarting at 0 per segment.
 
-  Works on the flattened batch with 1-D scans: each context start holds 1 (the first of a
-  row: 1 minus the starts of all earlier rows, so a running sum restarts at every row) for
-  the ids, and its own flat index for the positions.
+  Works on the flattened batch with 1-D scans: each context start holds the step from the
+  previous segment id (1, or 1 - k at a row's first after a row of k) for the ids, and its
+  own flat index for the positions.
   """
   emitted = np.flatnonzero(lay.ctx_used > 0)
   by_row = emitted[np.argsort(g.ctx_row[emitted], kind="stable")]
   rows = g.ctx_row[by_row]
   flat_start = (rows * seq_len + lay.ctx_offset[by_row]).astype(np.int32)
-  step = np.ones(len(by_row), dtype=np.int32)
   row_first = np.flatnonzero(np.diff(rows, prepend=-1))
-  step[row_first] -= row_first.astype(np.int32)
+  segment_id = np.arange(len(by_row)) - np.repeat(row_first, np.diff(row_first, append=len(by_row)))
+  step = np.diff(segment_id + 1, prepend=0).astype(np.int32)
   size = g.num_rows * seq_len
   markers = np.zeros(size, dtype=np.int32)
   markers[flat_start] = step
