@@ -159,72 +159,72 @@ class _ReadReport:
   skipped: schema.SkipReport = dataclasses.field(default_factory=schema.SkipReport)
 
 
-def _open_parquet(uri: str, options: remote.StorageOptions) -> pq.ParquetFile:
-  handle = remote.open_input_file(uri, options)
-  try:
-    # Addresses stay dictionary-encoded as stored: each distinct text is parsed once.
-    return pq.ParquetFile(handle, read_dictionary=["src_addr", "dst_addr"])
-  except OSError as e:
-    if remote.is_remote(uri) and not remote.is_permanent(e):
-      raise
-    raise DataError(f"{uri}: not a readable parquet file ({' '.join(str(e).split())})") from None
-  except pa.ArrowException as e:
-    raise DataError(f"{uri}: not a readable parquet file ({' '.join(str(e).split())})") from None
+def _open_parquet(
+  entry: remote.FileEntry, options: remote.StorageOptions, metadata=None
+) -> pq.ParquetFile:
+  """The parquet file of `entry`; with its `metadata` known, the footer is not read again."""
+
+  def attempt():
+    handle = remote.open_input_file(entry, options)
+    try:
+      # Addresses stay dictionary-encoded as stored: each distinct text is parsed once.
+      return pq.ParquetFile(handle, metadata=metadata, read_dictionary=["src_addr", "dst_addr"])
+    except OSError as e:
+      if remote.is_remote(entry.uri) and not remote.is_permanent(e):
+        raise  # transient: with_retries tries again
+      raise DataError(f"{entry.uri}: not a readable parquet file ({_one_line(e)})") from None
+    except pa.ArrowException as e:
+      raise DataError(f"{entry.uri}: not a readable parquet file ({_one_line(e)})") from None
+
+  return remote.with_retries(attempt, uri=entry.uri, what="open", options=options)
 
 
-def _tables(uri: str, options: remote.StorageOptions):
+def _one_line(error: BaseException) -> str:
+  return " ".join(str(error).split())
+
+
+def _tables(entry: remote.FileEntry, metadata, options: remote.StorageOptions):
   """(table, first row number) of each batch of one file, re-opening on transient errors.
 
-  After a transient failure the file is opened again and reading resumes at the first batch
-  not yet yielded; batch boundaries depend only on the file, so nothing is read twice.
+  After a transient failure the file is opened again and reading resumes at the batch that
+  failed: finished row groups are not read again. `network_remote_retries` bounds the
+  failures in a row, not per file, so a long file survives a flaky connection.
   """
-  yielded, failures = 0, 0
+  group, skip, row, failures = 0, 0, 0, 0
   while True:
     try:
-      parquet = remote.with_retries(
-        lambda: _open_parquet(uri, options), uri=uri, what="open", options=options
-      )
-      batch_index, row = 0, 0
-      for batch in parquet.iter_batches(
-        batch_size=_BATCH_ROWS, columns=list(schema.REQUIRED_COLUMNS)
-      ):
-        if batch_index >= yielded:
-          yield pa.Table.from_batches([batch]), row
-          yielded += 1
-        batch_index += 1
-        row += batch.num_rows
+      parquet = _open_parquet(entry, options, metadata)
+      while group < metadata.num_row_groups:
+        batches = parquet.iter_batches(
+          batch_size=_BATCH_ROWS, row_groups=[group], columns=list(schema.REQUIRED_COLUMNS)
+        )
+        for index, batch in enumerate(batches):
+          if index >= skip:
+            yield pa.Table.from_batches([batch]), row
+            row += batch.num_rows
+            skip, failures = index + 1, 0
+        group, skip = group + 1, 0
       return
     except OSError as e:
       failures += 1
-      if not remote.is_remote(uri) or remote.is_permanent(e) or failures >= options.retries:
-        raise DataError(f"{uri}: read failed near row {_row_hint(yielded)}: {e}") from None
+      if not remote.is_remote(entry.uri) or remote.is_permanent(e) or failures >= options.retries:
+        raise DataError(f"{entry.uri}: read failed at row {row}: {_one_line(e)}") from None
       time.sleep(options.backoff_s * 2 ** (failures - 1))
     except pa.ArrowException as e:
-      raise DataError(
-        f"{uri}: corrupt parquet data near row {_row_hint(yielded)} ({' '.join(str(e).split())})"
-      ) from None
-
-
-def _row_hint(batches_done: int) -> int:
-  return batches_done * _BATCH_ROWS
+      raise DataError(f"{entry.uri}: corrupt parquet data at row {row} ({_one_line(e)})") from None
 
 
 def _read(files, options, *, label: str, hashed: bool, skip_bad: bool, progress) -> tuple:
   """All valid rows of `files` grouped by probe: (store.ProbeRows, _ReadReport)."""
-  capacity = 0
+  metadata = []
   for entry in files:  # every schema is checked before any long work starts
-    parquet = remote.with_retries(
-      lambda entry=entry: _open_parquet(entry.uri, options),
-      uri=entry.uri,
-      what="open",
-      options=options,
-    )
+    parquet = _open_parquet(entry, options)
     schema.check_schema(parquet.schema_arrow, entry.uri)
-    capacity += parquet.metadata.num_rows
-  builder = store.ProbeRowsBuilder(capacity, hashed=hashed)
+    metadata.append(parquet.metadata)
+  builder = store.ProbeRowsBuilder(sum(m.num_rows for m in metadata), hashed=hashed)
   report = _ReadReport()
-  for done, entry in enumerate(files):
-    for table, first_row in _tables(entry.uri, options):
+  for done, (entry, file_metadata) in enumerate(zip(files, metadata, strict=True)):
+    for table, first_row in _tables(entry, file_metadata, options):
       columns, skipped = schema.validate_table(
         table, source=entry.uri, row_offset=first_row, skip_bad=skip_bad
       )

@@ -244,10 +244,14 @@ def expand(pattern: str, options: StorageOptions) -> list[FileEntry]:
       raise DataError(f"{pattern}: a bucket name cannot be a pattern")
     base = base or "/"
     regex = _glob_regex(path)
-  selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
-  infos = with_retries(
-    lambda: fs.get_file_info(selector), uri=pattern, what="list files", options=options
-  )
+
+  def list_base():
+    try:
+      return fs.get_file_info(pafs.FileSelector(base, recursive=True))
+    except FileNotFoundError:
+      return []  # the folder is missing (a missing bucket is an error of its own)
+
+  infos = with_retries(list_base, uri=pattern, what="list files", options=options)
   entries = [
     _entry(uri_prefix, info)
     for info in infos
@@ -270,7 +274,7 @@ def expand_all(patterns: str | Iterable[str], options: StorageOptions) -> list[F
   return [found[uri] for uri in sorted(found)]
 
 
-def open_input_file(uri: str, options: StorageOptions) -> pa.NativeFile:
-  """A random-access handle on `uri`, with retries."""
-  fs, path = filesystem(uri, options)
-  return with_retries(lambda: fs.open_input_file(path), uri=uri, what="open", options=options)
+def open_input_file(entry: FileEntry, options: StorageOptions) -> pa.NativeFile:
+  """A random-access handle on a listed file, with retries."""
+  fs, path = filesystem(entry.uri, options)
+  return with_retries(lambda: fs.open_input_file(path), uri=entry.uri, what="open", options=options)
