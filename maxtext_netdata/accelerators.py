@@ -27,11 +27,10 @@ ESTIMATE_MFUS = (0.4, 0.6)
 def resolve_peak_tflops(
   peak_tflops: float | None, accelerator: str | None, config: Config
 ) -> tuple[float, str]:
-  """(peak TFLOP/s per chip, where it came from): the flag, the named chip, or the config."""
-  if peak_tflops is not None:
-    if peak_tflops <= 0:
-      raise ConfigError(f"--peak-tflops={peak_tflops} must be positive")
-    return peak_tflops, "--peak-tflops"
+  """(peak TFLOP/s per chip, chip name) from `--peak-tflops`, `--accelerator` or the config.
+
+  The name is a listed chip's when the peak is one of theirs, else the peak in words.
+  """
   if accelerator is not None:
     key = accelerator.lower()
     if key not in PEAK_TFLOPS:
@@ -39,7 +38,11 @@ def resolve_peak_tflops(
         f"--accelerator={accelerator!r} is not one of {', '.join(sorted(PEAK_TFLOPS))}"
       )
     return PEAK_TFLOPS[key], key
-  return config.peak_tflops_per_device, "peak_tflops_per_device"
+  peak = config.peak_tflops_per_device if peak_tflops is None else peak_tflops
+  if peak <= 0:
+    raise ConfigError(f"peak of {peak} TFLOP/s must be positive")
+  name = next((k for k, v in PEAK_TFLOPS.items() if v == peak), f"{peak:g}-TFLOP/s chip")
+  return peak, name
 
 
 def estimate(

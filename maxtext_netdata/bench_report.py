@@ -297,7 +297,7 @@ def format_table(report: dict) -> str:
     (
       "model",
       f"{acc['params'] / 1e6:.1f}M params,"
-      f" {acc['flops_per_token'] / 1e9:.2f} GFLOP per token (training)",
+      f" {acc['flops_per_token'] / 1e9:.3g} GFLOP per token (training)",
     )
   )
   for m in acc["at_mfu"]:
@@ -324,23 +324,25 @@ def write_json(report: dict, path: str | os.PathLike) -> Path:
 
 
 def write_plot(report: dict, path: str | os.PathLike) -> Path:
-  """A PNG of step time and data wait per step (synthetic, real) and loading time per batch."""
+  """A PNG: step time and data wait per step (synthetic, real) and loading time per batch,
+  each against the target step time."""
   import matplotlib
 
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
+  from matplotlib.ticker import MaxNLocator
 
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  target = report["target"]["step_time_s"] * 1e3
+  target_ms = report["target"]["step_time_s"] * 1e3
   runs = [(n, report[n]) for n in ("synthetic", "real") if report.get(n)]
   fig, axes = plt.subplots(1 + bool(runs), 1, figsize=(9, 4 + 3.5 * bool(runs)), squeeze=False)
   if runs:
     ax = axes[0][0]
+    steady_max = target_ms
     for (name, run), color in zip(runs, ("tab:blue", "tab:orange"), strict=False):
-      ax.plot(
-        run["steps"], np.asarray(run["step_times_s"]) * 1e3, color=color, label=f"{name} step time"
-      )
+      step_ms = np.asarray(run["step_times_s"]) * 1e3
+      ax.plot(run["steps"], step_ms, color=color, marker=".", label=f"{name} step time")
       ax.plot(
         run["steps"],
         np.asarray(run["data_wait_s"]) * 1e3,
@@ -348,10 +350,17 @@ def write_plot(report: dict, path: str | os.PathLike) -> Path:
         linestyle=":",
         label=f"{name} data wait",
       )
-    ax.axhline(target, color="black", linestyle="--", label="target step")
+      steady_max = max(steady_max, float(step_ms[run["warmup_steps"] :].max(initial=0.0)))
+      warmup_end = run["steps"][0] + run["warmup_steps"] - 0.5
+    ax.axvspan(
+      runs[0][1]["steps"][0] - 0.5, warmup_end, color="0.9", label="warm-up (compile), not counted"
+    )
+    ax.axhline(target_ms, color="black", linestyle="--", label="target step")
+    ax.set_ylim(0, steady_max * 1.3)
     ax.set_xlabel("step")
     ax.set_ylabel("ms")
-    ax.set_title("Training steps")
+    ax.set_title("Training steps: step time and time waiting for data")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize="small")
   ax = axes[-1][0]
   loading = report["loading"]
@@ -362,10 +371,12 @@ def write_plot(report: dict, path: str | os.PathLike) -> Path:
     label=f"loading, {loading['workers']} workers",
   )
   ax.axhline(loading["batch_s"] * 1e3, color="tab:green", label="loading, steady mean")
-  ax.axhline(target, color="black", linestyle="--", label="target step")
+  ax.axhline(target_ms, color="black", linestyle="--", label="target step")
+  ax.set_yscale("log")
   ax.set_xlabel("batch after warm-up")
-  ax.set_ylabel("ms")
-  ax.set_title(report["verdict"]["kind"].replace("_", " "))
+  ax.set_ylabel("ms (log scale)")
+  ax.set_title(f"Loading alone against the target step: {report['verdict']['kind']}")
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   ax.legend(fontsize="small")
   fig.tight_layout()
   fig.savefig(path, dpi=100)

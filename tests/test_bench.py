@@ -130,8 +130,10 @@ def test_accelerator_estimate_for_latency_network_on_h100():
 
 def test_peak_from_flag_config_and_bad_name():
   cfg = config.load(None)
-  assert accelerators.resolve_peak_tflops(123.0, "v5e", cfg) == (123.0, "--peak-tflops")
-  assert accelerators.resolve_peak_tflops(None, None, cfg)[0] == cfg.peak_tflops_per_device
+  assert accelerators.resolve_peak_tflops(123.0, None, cfg) == (123.0, "123-TFLOP/s chip")
+  assert accelerators.resolve_peak_tflops(None, None, cfg) == (989.0, "h100")
+  with pytest.raises(config.ConfigError, match="positive"):
+    accelerators.resolve_peak_tflops(-1.0, None, cfg)
   with pytest.raises(config.ConfigError, match="v5e"):
     accelerators.resolve_peak_tflops(None, "tpu9", cfg)
 
@@ -172,3 +174,103 @@ def test_report_table_json_and_plot_hold_the_numbers(tmp_path):
   png = bench_report.write_plot(report, tmp_path / "bench" / "report.png")
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert png.stat().st_size > 10_000
+
+
+# --- end to end on the smoke config -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def raw_files(tmp_path_factory):
+  from maxtext_netdata import cli
+
+  out = tmp_path_factory.mktemp("raw")
+  assert cli.main(["generate", "--out", str(out), "--rows", "20000", "--shards", "2"]) == 0
+  return str(out / "*.parquet")
+
+
+def _bench(tmp_path, raw_files, *extra: str) -> int:
+  from maxtext_netdata import cli
+
+  return cli.main(
+    [
+      "bench",
+      "configs/smoke.yml",
+      f"grain_train_files={raw_files}",
+      f"base_output_directory={tmp_path}",
+      *extra,
+    ]
+  )
+
+
+def test_bench_smoke_end_to_end(tmp_path, raw_files, capsys):
+  assert _bench(tmp_path, raw_files, "grain_worker_count=0", "--steps", "3", "--batches", "4") == 0
+  out = capsys.readouterr().out
+  report_path = next(tmp_path.glob("*/bench/report.json"))
+  report = json.loads(report_path.read_text())
+  assert report_path.with_suffix(".png").stat().st_size > 10_000
+  assert report["verdict"]["text"] in out
+  assert report["target"]["source"] == "synthetic-data steps on this machine"
+  synthetic, real = report["synthetic"], report["real"]
+  assert len(synthetic["step_times_s"]) == len(real["step_times_s"]) == 3 + 2
+  assert synthetic["step_time"]["n"] == real["step_time"]["n"] == 3
+  assert report["target"]["step_time_s"] == synthetic["step_time"]["median"]
+  loading = report["loading"]
+  assert loading["batches"] == len(loading["batch_times_s"]) == 4
+  assert loading["workers"] == 0
+  assert 0 < loading["real_tokens_per_s"] <= loading["slot_tokens_per_s"]
+  assert report["batch"]["tokens"] * 4 / loading["slot_tokens_per_s"] == pytest.approx(
+    sum(loading["batch_times_s"]), rel=0.5
+  )
+  assert set(report["stages"]["per_batch_s"]) == {"read", "build", "batch", "device"}
+  assert report["verdict"]["kind"] in (
+    bench_report.NOT_BOTTLENECK,
+    bench_report.BOTTLENECK,
+    bench_report.STARVED,
+    bench_report.FORCED_SYNC,
+  )
+
+
+@pytest.mark.slow
+def test_bench_loading_only_with_target_and_sweep(tmp_path, raw_files, capsys):
+  report_path = tmp_path / "out" / "r.json"
+  code = _bench(
+    tmp_path,
+    raw_files,
+    "grain_worker_count=0",
+    "--steps=0",
+    "--batches=3",
+    "--target-step-time=0.5",
+    "--sweep-workers=0,1",
+    "--accelerator=v5e",
+    f"--report={report_path}",
+  )
+  assert code == 0
+  report = json.loads(report_path.read_text())
+  assert report["synthetic"] is None and report["real"] is None
+  assert report["target"] == {"step_time_s": 0.5, "source": "--target-step-time"}
+  assert [s["workers"] for s in report["sweep"]] == [0, 1]
+  assert report["recommended_workers"]["workers"] in (0, 1)
+  assert report["accelerator"]["peak_tflops"] == 197.0
+  assert "workers=1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+  "extra, message",
+  [
+    (["grain_worker_count=0", "grain_wroker_count=1"], "did you mean 'grain_worker_count'"),
+    (["dataset_type=synthetic"], "dataset_type must be network_grain"),
+    (["--sweep-workers=0,x"], "--sweep-workers"),
+    (["--batches=0"], "--batches=0"),
+  ],
+)
+def test_bench_bad_config_is_one_line_error(tmp_path, raw_files, capsys, extra, message):
+  assert _bench(tmp_path, raw_files, *extra) == 2
+  err = capsys.readouterr().err.strip()
+  assert message in err and len(err.splitlines()) == 1
+
+
+def test_bench_missing_data_names_the_pattern(tmp_path, capsys):
+  missing = str(tmp_path / "nowhere" / "*.parquet")
+  assert _bench(tmp_path, missing, "--steps=0", "--batches=2") == 2
+  err = capsys.readouterr().err
+  assert "nowhere" in err
