@@ -15,6 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import portpicker
 import pytest
 
@@ -266,3 +267,128 @@ def test_unreachable_coordinator_fails_within_the_timeout_and_says_why():
     f"process 1 of 2 connecting to the coordinator at 127.0.0.1:{port} (timeout 2 s)"
     in result.stderr
   )
+
+
+# --- the input pipeline over several processes ---------------------------------------------
+
+PIPELINE_WORKER = textwrap.dedent(
+  """
+    import json, sys
+    import numpy as np
+    from maxtext_netdata import config, multihost
+    from maxtext_netdata import mesh as mesh_lib
+    from maxtext_netdata.input_pipeline import create_data_iterator
+    from maxtext_netdata.input_pipeline.batches_cli import digest
+
+    cfg = config.load(None, json.loads(sys.argv[1]))
+    steps, out = int(sys.argv[2]), sys.argv[3]
+    multihost.initialize_distributed(cfg)
+    import jax
+
+    train, _ = create_data_iterator(cfg, mesh_lib.make_mesh(cfg))
+    digests = []
+    for step in range(steps):
+      batch = next(train)
+      digests.append(digest(multihost.gather_to_host(batch)))
+      # What this process loaded: its addressable shards, by global row.
+      local = {}
+      for key, array in batch.items():
+        for shard in array.addressable_shards:
+          start = shard.index[0].start or 0
+          local[f"{key}@{start}"] = np.asarray(shard.data)
+      np.savez(f"{out}/process{jax.process_index()}-step{step}.npz", **local)
+    train.close()
+    print(json.dumps({"digests": digests, "process_index": jax.process_index()}))
+    """
+)
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def raw_dir(tmp_path_factory) -> Path:
+  from maxtext_netdata.data.generate import generate  # noqa: PLC0415
+
+  out = tmp_path_factory.mktemp("raw")
+  generate(str(out), rows=20_000, shards=4, seed=7, progress=False)
+  return out
+
+
+def pipeline_overrides(raw_dir: Path, out_dir: Path, **extra) -> list[str]:
+  values = {
+    "grain_train_files": f"{raw_dir}/*.parquet",
+    "base_output_directory": str(out_dir),
+    "max_target_length": 256,
+    "global_batch_size_to_load": 8,
+    "grain_worker_count": 0,
+    "data_shuffle_seed": 3,
+    **extra,
+  }
+  return [f"{key}={value}" for key, value in values.items()]
+
+
+def batches_cli_digests(overrides: list[str], steps: int) -> list[str]:
+  """Digests printed by `maxtext-netdata batches` in one process."""
+  result = subprocess.run(
+    [sys.executable, "-m", "maxtext_netdata.cli", "batches", "configs/base.yml", *overrides]
+    + ["--steps", str(steps)],
+    cwd=REPO,
+    env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO)),
+    capture_output=True,
+    text=True,
+    timeout=WORKER_TIMEOUT_S,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.split("\n")
+  return [line.split()[2] for line in lines if line.startswith("step ")]
+
+
+def run_pipeline(overrides, out_dir: Path, num_processes: int, devices: int) -> list[dict]:
+  out_dir.mkdir()
+  argv = [sys.executable, "-c", PIPELINE_WORKER, json.dumps(overrides), str(STEPS), str(out_dir)]
+  return _reports(run_processes(argv, num_processes, devices_per_process=devices))
+
+
+@pytest.mark.slow
+def test_two_processes_load_the_global_batches_of_one(raw_dir, tmp_path):
+  # Both processes find no store and prepare it at the same time, into the same directory.
+  overrides = pipeline_overrides(raw_dir, tmp_path / "run")
+  expected = batches_cli_digests(overrides, STEPS)
+  assert len(expected) == STEPS
+  assert (tmp_path / "run" / "prepared").is_dir()
+  # Prepare again from scratch, concurrently, for the multi-process run.
+  overrides = pipeline_overrides(raw_dir, tmp_path / "run2")
+  reports = run_pipeline(overrides, tmp_path / "npz", num_processes=2, devices=2)
+  assert [r["process_index"] for r in reports] == [0, 1]
+  for report in reports:
+    assert report["digests"] == expected
+  # Host slices: disjoint, covering the global batch, each equal to those rows of it.
+  single = run_pipeline(overrides, tmp_path / "npz1", num_processes=1, devices=4)
+  assert single[0]["digests"] == expected
+  for step in range(STEPS):
+    whole = np.load(tmp_path / "npz1" / f"process0-step{step}.npz")
+    rows_seen = []
+    for process in range(2):
+      local = np.load(tmp_path / "npz" / f"process{process}-step{step}.npz")
+      for name in local.files:
+        key, start = name.split("@")
+        shard = local[name]
+        np.testing.assert_array_equal(
+          shard, _rows(whole, key, int(start), len(shard)), err_msg=f"{name} step {step}"
+        )
+        if key == "inputs":
+          rows_seen.extend(range(int(start), int(start) + len(shard)))
+    assert sorted(rows_seen) == list(range(8))
+
+
+def _rows(batch, key: str, start: int, count: int) -> np.ndarray:
+  """Rows [start, start+count) of `key` from a one-process run's shards."""
+  parts = sorted((int(n.split("@")[1]), batch[n]) for n in batch.files if n.split("@")[0] == key)
+  return np.concatenate([part for _, part in parts])[start : start + count]
+
+
+@pytest.mark.slow
+def test_four_processes_load_the_global_batches_of_one(raw_dir, tmp_path):
+  overrides = pipeline_overrides(raw_dir, tmp_path / "run", data_shuffle_seed=11)
+  expected = batches_cli_digests(overrides, STEPS)
+  reports = run_pipeline(overrides, tmp_path / "npz", num_processes=4, devices=1)
+  assert [r["digests"] for r in reports] == [expected] * 4
