@@ -84,7 +84,8 @@ def write_raw_parquet(folder: str, *, rows: int = 6000, probes: int = 40, seed: 
   return os.path.join(folder, "*.parquet")
 
 
-def _address(raw: np.ndarray, version: int) -> str:
+def address(raw: np.ndarray, version: int) -> str:
+  """Text of a 16-byte stored address (IPv4 in the first 4 bytes)."""
   family = socket.AF_INET if version == 4 else socket.AF_INET6
   return socket.inet_ntop(family, bytes(raw[: 4 if version == 4 else 16]))
 
@@ -127,8 +128,8 @@ def check_host_batch(store, layout, batch: dict[str, np.ndarray], seq_len: int) 
       stamped = []
       clock = None
       for m, row in zip(measurements, rows, strict=True):
-        assert m["src"] == _address(store.probe_src[probe], version)
-        assert m["dst"] == _address(store.dst[row], version)
+        assert m["src"] == address(store.probe_src[probe], version)
+        assert m["dst"] == address(store.dst[row], version)
         assert m["failed"] == bool(store.failed[row])
         if not m["failed"]:
           assert m["rtt_ms"] == tokenizer.rtt_ms_of_bytes(*store.rtt_bytes[row].tolist())
