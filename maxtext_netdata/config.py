@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import yaml
 
@@ -109,8 +110,8 @@ def _coerce(key: str, value: Any, default: Any, source: str) -> Any:
     return ""
   if _type_name(value) != expected:
     raise ConfigError(
-        f"{source}: {key}={value!r} has type {_type_name(value)}, expected {expected}"
-        f" (default {default!r})"
+      f"{source}: {key}={value!r} has type {_type_name(value)}, expected {expected}"
+      f" (default {default!r})"
     )
   return value
 
@@ -165,7 +166,7 @@ class Config:
     """A copy of all values (MaxText's name for it)."""
     return dict(self._values)
 
-  def replace(self, **updates: Any) -> "Config":
+  def replace(self, **updates: Any) -> Config:
     """A new Config with `updates` validated and applied."""
     base = defaults()
     values = dict(self._values)
@@ -192,8 +193,8 @@ class Config:
     size = self.per_device_batch_size * num_devices
     if size < 1 or size != int(size):
       raise ConfigError(
-          f"per_device_batch_size={self.per_device_batch_size} x {num_devices} devices ="
-          f" {size} is not a whole number of sequences >= 1"
+        f"per_device_batch_size={self.per_device_batch_size} x {num_devices} devices ="
+        f" {size} is not a whole number of sequences >= 1"
       )
     return int(size)
 
@@ -202,11 +203,11 @@ class Config:
 
 
 _CHOICES = {
-    "dataset_type": ("network_grain", "synthetic"),
-    "network_split": ("probe", "time"),
-    "network_field_order": ("random", "fixed", "hashed"),
-    "dtype": ("bfloat16", "float32", "float16"),
-    "weight_dtype": ("bfloat16", "float32"),
+  "dataset_type": ("network_grain", "synthetic"),
+  "network_split": ("probe", "time"),
+  "network_field_order": ("random", "fixed", "hashed"),
+  "dtype": ("bfloat16", "float32", "float16"),
+  "weight_dtype": ("bfloat16", "float32"),
 }
 
 
@@ -216,13 +217,13 @@ def _validated(config: Config) -> Config:
       raise ConfigError(f"{key}={config[key]!r} is not one of {', '.join(choices)}")
   weights = config.network_mode_weights
   if (
-      len(weights) != 3
-      or not all(isinstance(w, (int, float)) and w >= 0 for w in weights)
-      or sum(weights) <= 0
+    len(weights) != 3
+    or not all(isinstance(w, (int, float)) and w >= 0 for w in weights)
+    or sum(weights) <= 0
   ):
     raise ConfigError(
-        f"network_mode_weights={weights!r} must be three non-negative numbers (full, partial,"
-        " none) with a positive sum"
+      f"network_mode_weights={weights!r} must be three non-negative numbers (full, partial,"
+      " none) with a positive sum"
     )
   if not 0.0 <= config.network_test_fraction < 1.0:
     raise ConfigError(f"network_test_fraction={config.network_test_fraction} must be in [0, 1)")
@@ -252,6 +253,8 @@ def load(path: str | os.PathLike | None, overrides: Iterable[str] = ()) -> Confi
     key, value = parse_override(text)
     if key not in base:
       raise ConfigError(unknown_key_message(key, base, "command line"))
+    if isinstance(base[key], str):
+      value = text.split("=", 1)[1]  # verbatim: YAML would make run_name=2025-07-01 a date
     values[key] = _coerce(key, value, base[key], "command line")
   return _validated(Config(values, source))
 
