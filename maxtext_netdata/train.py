@@ -26,8 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maxtext_netdata import checkpointing, evaluation, model
+from maxtext_netdata import checkpointing, evaluation, model, multihost
 from maxtext_netdata.config import Config, ConfigError, initialize, load
+from maxtext_netdata.input_pipeline.interface import global_batch_size
 from maxtext_netdata.mesh import batch_sharding, make_mesh, replicated
 from maxtext_netdata.metric_logger import MetricLogger
 
@@ -51,16 +52,7 @@ def check_config(config: Config, mesh: jax.sharding.Mesh) -> int:
       f"max_target_length={config.max_target_length} cannot hold one measurement: an IPv6"
       f" measurement with an absolute timestamp takes {LONGEST_MEASUREMENT_TOKENS} tokens"
     )
-  global_batch = config.global_batch_size(mesh.size)
-  shards = int(np.prod([mesh.shape[axis] for axis in config.data_sharding]))
-  if global_batch % shards:
-    raise ConfigError(
-      f"global batch size {global_batch} is not divisible by the {shards} devices of"
-      f" data_sharding={config.data_sharding}"
-    )
-  if config.dataset_type == "network_grain" and not config.grain_train_files.strip():
-    raise ConfigError("dataset_type=network_grain needs grain_train_files (raw parquet paths)")
-  return global_batch
+  return global_batch_size(config, mesh)
 
 
 def make_optimizer(config: Config) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -199,6 +191,7 @@ def train(
   steps, mean_step_time_s (first steps excluded), data_wait_share, real_tokens_per_s,
   first/final loss, the last eval_* values, logger_write_s_per_step and the output paths.
   """
+  multihost.initialize_distributed(config)
   mesh = make_mesh(config)
   global_batch = check_config(config, mesh)
   if data_iterators is None:
