@@ -221,7 +221,7 @@ def measure_loading(cfg: Config, device_mesh, batches: int) -> dict:
 
 
 def measure_stages(cfg: Config, device_mesh, batches: int) -> dict:
-  """Seconds per host batch of each stage, run one after another in this process.
+  """Median seconds per host batch of each stage, run one after another in this process.
 
   Stages (see `input_pipeline.sequences`): `read` = epoch-plan lookup and gathering the
   store's rows, `build` = modes, fill and tokenizing into the batch, `batch` = ShiftData on the
@@ -236,7 +236,7 @@ def measure_stages(cfg: Config, device_mesh, batches: int) -> dict:
   lo, hi = multihost.process_row_range(size)
   builder = BatchBuilder.from_config(cfg, prepare.ensure_prepared(cfg, progress=False).train, size)
   sharding = mesh.batch_sharding(cfg, device_mesh)
-  totals = dict.fromkeys(("read", "build", "batch", "device"), 0.0)
+  times = {name: [] for name in ("read", "build", "batch", "device")}
   for step in range(batches + 1):
     t0 = time.perf_counter()
     gathered = builder.gather(step, lo, hi)
@@ -253,9 +253,9 @@ def measure_stages(cfg: Config, device_mesh, batches: int) -> dict:
     )
     t4 = time.perf_counter()
     if step:
-      for name, seconds in zip(totals, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
-        totals[name] += seconds
-  per_batch = {name: seconds / batches for name, seconds in totals.items()}
+      for name, seconds in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+        times[name].append(seconds)
+  per_batch = {name: float(np.median(values)) for name, values in times.items()}
   return {
     "batches": batches,
     "per_batch_s": per_batch,
@@ -274,6 +274,7 @@ def train_and_read_metrics(cfg: Config, steps: int, run_dir: Path, **overrides) 
     steps=steps + WARMUP_STEPS,
     base_output_directory=str(run_dir.parent),
     run_name=run_dir.name,
+    network_prepared_dir=cfg.prepared_dir,
     enable_checkpointing=False,
     enable_tensorboard=False,
     eval_interval=-1,

@@ -291,7 +291,7 @@ def format_table(report: dict) -> str:
   stages = report.get("stages")
   if stages:
     text = ", ".join(f"{k} {_ms(v)}" for k, v in stages["per_batch_s"].items())
-    rows.append(("stages/batch", f"{text}; slowest: {stages['slowest']}"))
+    rows.append(("stages, median", f"{text}; slowest: {stages['slowest']}"))
   acc = report["accelerator"]
   rows.append(
     (
