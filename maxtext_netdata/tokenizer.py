@@ -144,27 +144,28 @@ def _layout_tables() -> tuple[np.ndarray, ...]:
   """Per-layout tables, layout = ((order * 2 + is_ipv6) * 2 + failed) * 4 + ts_kind.
 
   starts [L, 4]: offset of each block's tag in the measurement, by block id; tags [L, 4]: the
-  tag tokens; rtt [L, 2]: offsets of the two RTT bytes; lengths [L]. Slots a layout does not
-  have (no timestamp, no RTT bytes when failed) point at offset 0, the MEASUREMENT_START,
-  which `encode` writes last, so every row can be scattered with the same shape.
+  tag tokens; low [L, 3]: offsets of the two RTT bytes and of the timestamp's last byte;
+  high [L, 7]: offsets of the first seven bytes of an 8-byte timestamp (the last three for
+  a 4-byte delta); lengths [L]. Slots a layout does not have point at offset 0, the
+  MEASUREMENT_START, which `encode` writes last, so all rows scatter with the same shape.
   """
   count = len(PERMUTATIONS) * 16
   starts = np.zeros((count, 4), dtype=np.int64)
   tags = np.zeros((count, 4), dtype=np.int32)
-  rtt = np.zeros((count, 2), dtype=np.int64)
+  low = np.zeros((count, 3), dtype=np.int64)
+  high = np.zeros((count, 7), dtype=np.int64)
   lengths = np.zeros(count, dtype=np.int64)
   for order, permutation in enumerate(PERMUTATIONS):
     for is_ipv6, failed, ts_kind in itertools.product((0, 1), (0, 1), range(4)):
       layout = ((order * 2 + is_ipv6) * 2 + failed) * 4 + ts_kind
       address = 17 if is_ipv6 else 5
-      block_length = [address, address, 1 if failed else 3, int(_TS_LENGTH[ts_kind])]
+      ts_length = int(_TS_LENGTH[ts_kind])
+      block_length = [address, address, 1 if failed else 3, ts_length]
       offset = 1
       for block in permutation:
         starts[layout, block] = offset
         offset += block_length[block]
       lengths[layout] = offset
-      if ts_kind == tk.TS_NONE:
-        starts[layout, tk.BLOCK_TIMESTAMP] = 0
       tags[layout] = [
         tk.SRC_IPV6 if is_ipv6 else tk.SRC_IPV4,
         tk.DST_IPV6 if is_ipv6 else tk.DST_IPV4,
@@ -172,17 +173,30 @@ def _layout_tables() -> tuple[np.ndarray, ...]:
         _TS_TAG[ts_kind],
       ]
       if not failed:
-        rtt[layout] = starts[layout, tk.BLOCK_RESULT] + np.arange(1, 3)
-  return starts, tags, rtt, lengths
+        low[layout, :2] = starts[layout, tk.BLOCK_RESULT] + np.arange(1, 3)
+      ts_end = starts[layout, tk.BLOCK_TIMESTAMP] + ts_length  # one past the last byte
+      if ts_kind == tk.TS_NONE:
+        starts[layout, tk.BLOCK_TIMESTAMP] = 0
+      else:
+        low[layout, 2] = ts_end - 1
+      if ts_kind in (tk.TS_ABS, tk.TS_DELTA4):
+        width = ts_length - 2  # payload bytes before the last one
+        high[layout, 7 - width :] = ts_end - 1 - width + np.arange(width)
+  return starts, tags, low, high, lengths
 
 
-_LAYOUT_STARTS, _LAYOUT_TAGS, _LAYOUT_RTT, _LAYOUT_LENGTHS = _layout_tables()
+_LAYOUT_STARTS, _LAYOUT_TAGS, _LAYOUT_LOW, _LAYOUT_HIGH, _LAYOUT_LENGTHS = _layout_tables()
+_ADDRESS_OFFSETS = {4: np.arange(1, 5), 16: np.arange(1, 17)}
 
 
-def _check_range(name: str, values: np.ndarray, valid: np.ndarray) -> None:
-  if not valid.all():
-    bad = int(np.flatnonzero(~valid)[0])
-    raise ValueError(f"measurement {bad}: {name} {values[bad]} is out of range")
+def _check_ranges(version, order, ts_kind, is_ipv6) -> None:
+  bad = ~(is_ipv6 | (version == 4)) | (order >= len(PERMUTATIONS)) | (ts_kind > tk.TS_DELTA4)
+  if bad.any():
+    row = int(bad.nonzero()[0][0])
+    raise ValueError(
+      f"measurement {row}: ip version {version[row]}, field order {order[row]}, timestamp kind"
+      f" {ts_kind[row]}: one is out of range (4 or 6; < {len(PERMUTATIONS)}; <= {tk.TS_DELTA4})"
+    )
 
 
 def encode(
@@ -219,14 +233,13 @@ def encode(
   failed = np.asarray(failed, dtype=bool)
   ts_kind = np.asarray(ts_kind)
   order = np.asarray(order)
+  ts_value = np.asarray(ts_value, dtype=np.int64)
   is_ipv6 = version == 6
-  _check_range("ip version", version, is_ipv6 | (version == 4))
-  _check_range("field order", order, order < len(PERMUTATIONS))
-  _check_range("timestamp kind", ts_kind, ts_kind <= tk.TS_DELTA4)
+  _check_ranges(version, order, ts_kind, is_ipv6)
   layout = ((order.astype(np.intp) * 2 + is_ipv6) * 2 + failed) * 4 + ts_kind
   if out is None:
     offsets = np.zeros(len(version) + 1, dtype=np.int64)
-    np.cumsum(np.take(_LAYOUT_LENGTHS, layout), out=offsets[1:])
+    np.cumsum(_LAYOUT_LENGTHS.take(layout), out=offsets[1:])
     positions = offsets[:-1]
     out = np.empty(int(offsets[-1]), dtype=np.int32)
     result = (out, offsets)
@@ -234,12 +247,25 @@ def encode(
     positions = np.asarray(positions, dtype=np.int64)
     result = (out, positions)
   column = positions[:, None]
-  starts = np.take(_LAYOUT_STARTS, layout, axis=0)  # absolute tag position of each block
+  starts = _LAYOUT_STARTS.take(layout, axis=0)  # absolute tag position of each block
   starts += column
-  out[starts] = np.take(_LAYOUT_TAGS, layout, axis=0)
-  rtt_at = np.take(_LAYOUT_RTT, layout, axis=0)
-  rtt_at += column
-  out[rtt_at] = np.add(rtt_bytes, _B, dtype=np.int32)
+  out[starts] = _LAYOUT_TAGS.take(layout, axis=0)
+
+  # RTT bytes and the timestamp's last byte (every timestamp kind has one).
+  low_at = _LAYOUT_LOW.take(layout, axis=0)
+  low_at += column
+  low = np.empty((len(layout), 3), dtype=np.int32)
+  low[:, :2] = rtt_bytes
+  np.bitwise_and(ts_value, 0xFF, out=low[:, 2], casting="unsafe")
+  low += _B
+  out[low_at] = low
+  # The other timestamp bytes: only absolute (TS_ABS) and 4-byte deltas (TS_DELTA4).
+  rows = (ts_kind & 1).nonzero()[0]
+  if len(rows):
+    high_at = _LAYOUT_HIGH.take(layout.take(rows), axis=0)
+    high_at += positions.take(rows)[:, None]
+    big_endian = ts_value.take(rows).astype(">u8").view(np.uint8).reshape(-1, 8)
+    out[high_at] = np.add(big_endian[:, :7], _B, dtype=np.int32)
 
   # Address bytes, one scatter per IP version and block; a single-version batch (the usual
   # case: one probe per sequence) skips the row gathers.
@@ -247,22 +273,15 @@ def encode(
     if len(rows) == len(version):
       group_starts, group_src, group_dst = starts, src, dst
     elif len(rows):
-      group_starts = np.take(starts, rows, axis=0)
-      group_src = np.take(src, rows, axis=0)
-      group_dst = np.take(dst, rows, axis=0)
+      group_starts = starts.take(rows, axis=0)
+      group_src = src.take(rows, axis=0)
+      group_dst = dst.take(rows, axis=0)
     else:
       continue
-    byte_offsets = np.arange(1, 1 + width)
+    byte_offsets = _ADDRESS_OFFSETS[width]
     for block, address in ((tk.BLOCK_SRC, group_src), (tk.BLOCK_DST, group_dst)):
       at = group_starts[:, block, None] + byte_offsets
       out[at] = np.add(address[:, :width], _B, dtype=np.int32)
-
-  big_endian = np.asarray(ts_value, dtype=">u8").view(np.uint8).reshape(-1, 8)
-  for kind, width in ((tk.TS_ABS, 8), (tk.TS_DELTA1, 1), (tk.TS_DELTA4, 4)):
-    rows = np.flatnonzero(ts_kind == kind)
-    if len(rows):
-      at = np.take(starts[:, tk.BLOCK_TIMESTAMP], rows)[:, None] + np.arange(1, 1 + width)
-      out[at] = np.add(np.take(big_endian, rows, axis=0)[:, 8 - width :], _B, dtype=np.int32)
   out[positions] = tk.MEASUREMENT_START
   return result
 

@@ -341,7 +341,7 @@ def test_encode_rejects_bad_columns():
     tokenizer.encode(**columns)
   columns["version"] = np.array([4, 4], np.uint8)
   columns["order"] = np.array([0, 24], np.uint8)
-  with pytest.raises(ValueError, match="measurement 1: field order 24"):
+  with pytest.raises(ValueError, match="measurement 1: .*field order 24"):
     tokenizer.encode(**columns)
 
 
