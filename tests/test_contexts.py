@@ -22,17 +22,19 @@ def stats(store):
 
 
 def test_random_bits_are_a_function_of_key_and_counters():
-  key = contexts.stream_key(1, 2, contexts.MODE)
+  key = contexts.stream_key(1, 2, contexts.CONTEXT)
   rows = np.arange(10_000)
   a = contexts.random_bits(key, rows, 3, 4)
   assert (a == contexts.random_bits(key, rows, 3, 4)).all()
   assert (a != contexts.random_bits(key, rows, 3, 5)).all()
-  assert (a != contexts.random_bits(contexts.stream_key(1, 3, contexts.MODE), rows, 3, 4)).all()
-  u = contexts.uniform(a)
-  assert 0 <= u.min() and u.max() < 1
-  # 10k uniforms: mean 0.5 +- 0.003 (sd), deciles each 10% +- 0.3%.
-  assert abs(u.mean() - 0.5) < 0.015
-  assert (abs(np.histogram(u, 10, (0, 1))[0] / len(u) - 0.1) < 0.015).all()
+  assert (a != contexts.random_bits(contexts.stream_key(1, 3, contexts.CONTEXT), rows, 3, 4)).all()
+  fields = [contexts.fraction(a, field) for field in range(3)]
+  for u in fields:
+    assert 0 <= u.min() and u.max() < 1
+    # 10k uniforms: mean 0.5 +- 0.003 (sd), deciles each 10% +- 0.3%.
+    assert abs(u.mean() - 0.5) < 0.015
+    assert (abs(np.histogram(u, 10, (0, 1))[0] / len(u) - 0.1) < 0.015).all()
+  assert abs(np.corrcoef(fields[0], fields[1])[0, 1]) < 0.05, "fields are independent"
 
 
 def test_probe_stats_match_the_token_lengths(store, stats):

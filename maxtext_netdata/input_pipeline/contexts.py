@@ -29,13 +29,14 @@ import dataclasses
 
 import numpy as np
 
-# Purposes of random draws; each keeps its own stream of the counter-based hash.
-JITTER, SHUFFLE, PACK_ORDER, MODE, DROP_FRACTION, DROP, POSITION, FIELD_ORDER, FILLER = range(9)
+# Purposes of random draws; each keeps its own stream of the counter-based hash. CONTEXT and
+# MEASUREMENT draws are split into 21-bit fields (`fraction`) for their several choices.
+JITTER, SHUFFLE, PACK_ORDER, CONTEXT, MEASUREMENT, FILLER = range(6)
+_FIELD_BITS = 21
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-_UNIT_SCALE = 2.0**-53
 
 # Tokens of a measurement without timestamp (SPEC §2) and a timestamp's mean cost by mode.
 _BASE_LENGTH = {4: 14, 6: 38}
@@ -75,9 +76,10 @@ def random_bits(key: np.ndarray, row, context=0, index=0) -> np.ndarray:
   return splitmix64(counter ^ key)
 
 
-def uniform(bits: np.ndarray) -> np.ndarray:
-  """float64 in [0, 1) from uint64 random bits."""
-  return (bits >> np.uint64(11)).astype(np.float64) * _UNIT_SCALE
+def fraction(bits: np.ndarray, field: int) -> np.ndarray:
+  """float64 in [0, 1) from 21-bit field `field` (0, 1 or 2) of uint64 random bits."""
+  shifted = bits >> np.uint64(_FIELD_BITS * field)
+  return (shifted & np.uint64((1 << _FIELD_BITS) - 1)).astype(np.float64) * 2.0**-_FIELD_BITS
 
 
 def _permutation(key: np.uint64, n: int) -> np.ndarray:
