@@ -134,16 +134,16 @@ class _World:
     probe = rng.choice(self.n_probes, n, p=activity / activity.sum())
     probe[: self.n_probes] = np.arange(self.n_probes)  # every probe pings something
     popularity = rng.lognormal(0, 1.0, self.n_dsts)
-    candidates = self.n_probes + rng.choice(self.n_dsts, (n, 4), p=popularity / popularity.sum())
+    candidates = self.n_probes + rng.choice(self.n_dsts, (n, 6), p=popularity / popularity.sum())
     distance = _great_circle_km(
       self.lat[probe, None], self.lon[probe, None], self.lat[candidates], self.lon[candidates]
     )
     # Probes favour nearby targets (anycast, local services), which sets the RTT median.
-    pick = np.where(rng.random(n) < 0.85, np.argmin(distance, axis=1), 0)
+    pick = np.where(rng.random(n) < 0.8, np.argmin(distance, axis=1), 0)
     dst = candidates[np.arange(n), pick]
     distance = distance[np.arange(n), pick]
     dual = self.has_v6[probe] & self.has_v6[dst]
-    is_v6 = dual & (rng.random(n) < 0.72)
+    is_v6 = dual & (rng.random(n) < 0.62)
     inflation = 1.0 + rng.lognormal(np.log(0.45), 0.5, n) * np.where(is_v6, 1.15, 1.0)
     base_ms = distance / 100.0 * inflation + self.access_ms[probe] + self.access_ms[dst] + 0.3
     fail_p = np.where(rng.random(n) < 0.03, 1.0, rng.beta(0.6, 9.0, n))
