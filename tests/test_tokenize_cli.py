@@ -152,6 +152,10 @@ def _bad_inputs(tmp_path):
       "row 7",
     ),
     "nan_rtt": (_with_column(table, "rtt", [1.0] * 3 + [float("nan")] + [1.0] * 16), "row 3"),
+    "bad_version": (
+      _with_column(table, "ip_version", [4, 4, 5] + [4] * 17, pa.int8()),
+      "row 2: ip_version is not 4 or 6 (value 5)",
+    ),
   }
   out = {}
   for name, (bad_table, expected) in cases.items():
@@ -177,6 +181,7 @@ def _bad_inputs(tmp_path):
     "bad_address",
     "version_mismatch",
     "nan_rtt",
+    "bad_version",
     "corrupt",
     "truncated",
     "missing_file",

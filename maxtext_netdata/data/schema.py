@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -50,7 +50,7 @@ class SkipReport:
     if count:
       self.reasons[reason] += int(count)
 
-  def merge(self, other: "SkipReport") -> None:
+  def merge(self, other: SkipReport) -> None:
     self.reasons.update(other.reasons)
 
 
@@ -139,7 +139,9 @@ def validate_table(
               row_offset=row_offset,
           )
           if (bad & ~bad_version).any()
-          else _row_message(source, row_offset, bad_version, version, "ip_version")
+          else _row_message(
+              source, row_offset, bad_version, version_col.to_pylist(), "ip_version is not 4 or 6"
+          )
       )
     problems.append((f"{name} unparsable or not matching ip_version", bad))
 
