@@ -115,7 +115,7 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
   loading = measure_loading(cfg, device_mesh, args.batches)
   sweep_results = []
   for workers in sweep:
-    if workers == cfg.grain_worker_count:
+    if workers == loading["workers"]:
       sweep_results.append(loading)
       continue
     _progress(f"loading {args.batches} batches alone, grain_worker_count={workers}")

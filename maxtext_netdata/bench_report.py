@@ -138,7 +138,8 @@ def recommend_workers(sweep: Sequence[dict], target_step_s: float | None) -> dic
         return {
           "workers": s["workers"],
           "reason": f"the fewest workers loading a batch in {_ms(s['batch_s'])},"
-          f" {SWEEP_HEADROOM:.1f}x under the {_ms(target_step_s)} step",
+          f" {target_step_s / s['batch_s']:.1f}x under the {_ms(target_step_s)} step"
+          f" (>= {SWEEP_HEADROOM:g}x wanted)",
         }
   best = min(s["batch_s"] for s in by_workers)
   pick = next(s for s in by_workers if s["batch_s"] <= best * SWEEP_NEAR_BEST)
