@@ -1,17 +1,18 @@
 """The `network_grain` dataset: the Grain graph that turns a prepared split into host batches.
 
     MapDataset.range(num_steps)          global step index s
-      .map(BuildBatch)                   host rows of global batch s (sequences.BatchBuilder)
-      .map(ShiftData)                    targets shifted left (SPEC §4)
+      .map(BuildBatch)                   host rows of global batch s: the three inputs arrays
       .to_iter_dataset(ReadOptions)      in-process read threads and prefetch
       .mp_prefetch(MultiprocessingOptions)   only when grain_worker_count > 0
+      .map(ShiftData)                    the targets, shifted left (SPEC §4)
 
 A Grain element is a whole host batch: Grain's per-element cost (~5-7 us) is then paid once
 per batch, and each batch is built by one vectorized call. The graph holds only small
 parameters and the store's path (workers are spawned and get it cloudpickled); plans and
 store arrays are opened lazily in each process. Because a batch is a pure function of the step
 index, the iterator's Grain state (`get_state`/`set_state`) resumes exactly, and the batches do
-not depend on the worker or thread count.
+not depend on the worker or thread count. ShiftData runs after the workers: the three targets
+arrays derive from the inputs in ~0.3 ms, cheaper than moving them between processes.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from absl import flags
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 from maxtext_netdata.input_pipeline.transforms import ShiftData
 
+INPUT_KEYS = ("inputs", "inputs_segmentation", "inputs_position")
 # Memory of one worker process besides its batches: Python, numpy, Grain and an epoch plan.
 _WORKER_BASE_MB = 300
 
 
 class BuildBatch(grain.transforms.Map):
-  """Global step index -> rows [lo, hi) of that global batch, before ShiftData."""
+  """Global step index -> the `inputs*` arrays of rows [lo, hi) of that global batch."""
 
   def __init__(self, builder: BatchBuilder, lo: int, hi: int):
     self.builder = builder
@@ -39,7 +41,8 @@ class BuildBatch(grain.transforms.Map):
     self.hi = hi
 
   def map(self, step: int) -> dict[str, np.ndarray]:
-    return self.builder.build(self.builder.gather(int(step), self.lo, self.hi))
+    batch = self.builder.build(self.builder.gather(int(step), self.lo, self.hi))
+    return {key: batch[key] for key in INPUT_KEYS}
 
 
 def worker_count(config, host_batch_bytes: int) -> int:
@@ -57,9 +60,9 @@ def worker_count(config, host_batch_bytes: int) -> int:
 
 
 def make_dataset(builder: BatchBuilder, lo: int, hi: int, num_steps: int | None):
-  """The MapDataset of host batches (rows [lo, hi) of each global batch), ShiftData applied."""
+  """The MapDataset of the inputs of host batches (rows [lo, hi) of each global batch)."""
   length = sys.maxsize if num_steps is None else num_steps
-  return grain.MapDataset.range(length).map(BuildBatch(builder, lo, hi)).map(ShiftData())
+  return grain.MapDataset.range(length).map(BuildBatch(builder, lo, hi))
 
 
 def make_iterator(
@@ -76,7 +79,7 @@ def make_iterator(
       prefetch_buffer_size=config.grain_prefetch_buffer_size,
     )
   )
-  host_batch_bytes = 6 * 4 * (hi - lo) * builder.seq_len
+  host_batch_bytes = len(INPUT_KEYS) * 4 * (hi - lo) * builder.seq_len
   workers = worker_count(config, host_batch_bytes)
   if workers > 0:
     # Grain's worker start reads absl flags, which only an absl `app.run` entry point parses;
@@ -88,4 +91,4 @@ def make_iterator(
         num_workers=workers, per_worker_buffer_size=config.grain_per_worker_buffer_size
       )
     )
-  return iter(dataset)
+  return iter(dataset.map(ShiftData()))

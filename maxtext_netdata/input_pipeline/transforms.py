@@ -21,12 +21,22 @@ def shift_data(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   `targets` shifted left by one with PAD last; `targets_segmentation` shifted left with 0
   last, then 0 wherever the new target is PAD, so the loss mask `targets_segmentation != 0`
   covers every real next token (MEASUREMENT_START included) and no padding. `inputs*` and
-  `targets_position` are unchanged. Returns a new dict; the input arrays are not modified.
+  `targets_position` are unchanged. A batch of only the three `inputs*` arrays (as Grain
+  elements travel between processes, half the bytes) gets its targets from them first.
+  Returns a new dict of the six arrays; the input arrays are not modified.
   """
-  targets = _shift_left(batch["targets"], tk.PAD)
-  segmentation = _shift_left(batch["targets_segmentation"], 0)
+  targets = _shift_left(batch.get("targets", batch["inputs"]), tk.PAD)
+  segmentation = _shift_left(batch.get("targets_segmentation", batch["inputs_segmentation"]), 0)
   np.copyto(segmentation, 0, where=targets == tk.PAD)
-  return {**batch, "targets": targets, "targets_segmentation": segmentation}
+  position = batch.get("targets_position")
+  return {
+    "inputs": batch["inputs"],
+    "inputs_segmentation": batch["inputs_segmentation"],
+    "inputs_position": batch["inputs_position"],
+    "targets": targets,
+    "targets_segmentation": segmentation,
+    "targets_position": batch["inputs_position"].copy() if position is None else position,
+  }
 
 
 class ShiftData(grain.transforms.Map):
