@@ -51,7 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     help="comma-separated grain_worker_count values to time loading with, e.g. 0,1,2",
   )
   peak = parser.add_mutually_exclusive_group()
-  peak.add_argument("--peak-tflops", type=float, metavar="X", help="accelerator bf16 peak")
+  peak.add_argument(
+    "--peak-tflops", type=float, metavar="X", help="accelerator bf16 peak TFLOP/s per chip"
+  )
   peak.add_argument(
     "--accelerator",
     choices=sorted(accelerators.PEAK_TFLOPS),
@@ -97,9 +99,11 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Path) -> dict:
   """Every figure of the report, the verdict included."""
+  from maxtext_netdata.input_pipeline import interface
+
   device_mesh = mesh.make_mesh(cfg)
   devices = device_mesh.devices.size
-  sequences = cfg.global_batch_size(devices) // jax.process_count()
+  sequences = interface.global_batch_size(cfg, device_mesh) // jax.process_count()
   tokens_per_batch = sequences * cfg.max_target_length
   peak, chip = accelerators.resolve_peak_tflops(args.peak_tflops, args.accelerator, cfg)
   estimate = accelerators.estimate(cfg, chip, peak, tokens_per_batch, devices=devices)
@@ -150,9 +154,7 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
   recommendation = (
     bench_report.recommend_workers(sweep_results, target["step_time_s"]) if sweep_results else None
   )
-  knob = bench_report.next_knob(
-    loading, _cpu_cores(), recommendation, stages["per_batch_s"] if stages else None
-  )
+  knob = bench_report.next_knob(loading, _cpu_cores(), recommendation, stages["per_batch_s"])
   return {
     "config": cfg.config_path,
     "overrides": list(args.overrides),
@@ -206,14 +208,14 @@ def measure_loading(cfg: Config, device_mesh, batches: int) -> dict:
       t = time.perf_counter()
       batch = jax.block_until_ready(_next(train_iter, cfg, warmup + 1 + i))
       times.append(time.perf_counter() - t)
-      segmentation = np.asarray(batch["inputs_segmentation"])
-      real_tokens += int(np.count_nonzero(segmentation))
-      slot_tokens += segmentation.size
+      for shard in batch["inputs_segmentation"].addressable_shards:  # this host's rows
+        real_tokens += int(np.count_nonzero(shard.data))
+        slot_tokens += shard.data.size
     elapsed = time.perf_counter() - start
     cpu_seconds = _cpu_seconds(cpu_before)
   finally:
     for iterator in (train_iter, eval_iter):
-      if iterator is not None and hasattr(iterator, "close"):
+      if iterator is not None:
         iterator.close()
   return bench_report.loading_summary(
     times, first_batch_s, elapsed, real_tokens, slot_tokens, cpu_seconds, workers
@@ -310,8 +312,8 @@ def _resolved_workers(cfg: Config, device_mesh) -> int:
   return network_grain.worker_count(cfg, 6 * 4 * (hi - lo) * cfg.max_target_length)
 
 
-def _cpu_seconds(before: dict[int, float] | None = None):
-  """CPU seconds of this process and its children; with `before`, those used since then."""
+def _cpu_seconds(before: dict[int, float] | None = None) -> dict[int, float] | float:
+  """CPU seconds per process of this one and its workers; with `before`, the total since."""
   now = {}
   processes = [psutil.Process()]
   processes += processes[0].children(recursive=True)
