@@ -4,6 +4,9 @@ the report and plot, and end-to-end runs on the smoke config."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -300,3 +303,25 @@ def test_bench_missing_data_names_the_pattern(tmp_path, capsys):
   assert _bench(tmp_path, missing, "--steps=0", "--batches=2") == 2
   err = capsys.readouterr().err
   assert "nowhere" in err
+
+
+def test_bench_on_two_devices_loads_the_whole_global_batch(tmp_path, raw_files):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  command = [
+    sys.executable,
+    "-m",
+    "maxtext_netdata.cli",
+    "bench",
+    "configs/smoke.yml",
+    f"grain_train_files={raw_files}",
+    f"base_output_directory={tmp_path}",
+    "grain_worker_count=0",
+    "--steps=0",
+    "--batches=3",
+  ]
+  result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  report = _read_report(tmp_path / "smoke" / "bench" / "report.json")
+  assert report["host"]["devices"] == 2
+  assert report["batch"]["sequences"] == 2 * 8
+  assert report["accelerator"]["devices"] == 2
