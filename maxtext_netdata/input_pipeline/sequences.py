@@ -17,8 +17,8 @@ restart point or host count gives the same rows.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import threading
 
 import numpy as np
 
@@ -26,8 +26,9 @@ from maxtext_netdata import tokenizer
 from maxtext_netdata import tokens as tk
 from maxtext_netdata.data.errors import DataError
 from maxtext_netdata.input_pipeline import contexts
+from maxtext_netdata.input_pipeline import layout as layout_lib
+from maxtext_netdata.input_pipeline.layout import Gathered, Layout, segment_starts
 
-FULL, PARTIAL, NONE = 0, 1, 2
 # With packing, each row also tries this many random one-probe filler contexts of at most
 # FILLER_ROWS measurements in the space its own contexts leave: a row's own contexts stop at
 # the first measurement that does not fit, which would otherwise leave ~1% padding.
@@ -35,8 +36,6 @@ FILLERS = 4
 FILLER_ROWS = 3
 # Shortest measurement of each IP version (failed, no timestamp): bounds what can fit.
 _MIN_LENGTH = {4: 12, 6: 36}
-_TS_LENGTH = np.array([0, 9, 2, 5], dtype=np.int32)
-_FIXED_ORDER = 0  # PERMUTATIONS[0] is src, dst, result, timestamp
 _PLAN_CACHE = 2  # epochs whose plan a builder keeps (the current one and its neighbour)
 
 KEYS = (
@@ -49,46 +48,6 @@ KEYS = (
 )
 
 
-@dataclasses.dataclass
-class Gathered:
-  """Rows of one host batch with every candidate measurement read from the store.
-
-  Contexts are in round-major order (all first contexts of the rows, then all second ...);
-  candidates are the first `ctx_count[c]` rows of each context, laid end to end.
-  """
-
-  num_rows: int
-  epoch: int
-  ctx_row: np.ndarray  # int64 [C] row of the batch
-  ctx_index: np.ndarray  # int64 [C] index of the context within its row
-  ctx_unit: np.ndarray  # int64 [C] plan row (the random key of the row)
-  ctx_count: np.ndarray  # int64 [C] candidates
-  ctx_version: np.ndarray  # uint8 [C]
-  ctx_src: np.ndarray  # uint8 [C, 16]
-  round_bounds: np.ndarray  # int64 [R+1] contexts of round k: [round_bounds[k], ..[k+1])
-  store_row: np.ndarray  # int64 [M] candidate rows
-  dst: np.ndarray  # uint8 [M, 16]
-  seconds: np.ndarray  # int64 [M]
-  rtt_bytes: np.ndarray  # uint8 [M, 2]
-  failed: np.ndarray  # bool [M]
-  hashed_order: np.ndarray | None  # uint8 [M, 2]
-
-
-@dataclasses.dataclass
-class Layout:
-  """Where each taken measurement goes, in sequence order."""
-
-  store_row: np.ndarray  # int64 [T]
-  candidate: np.ndarray  # int64 [T] index into the Gathered candidates
-  position: np.ndarray  # int64 [T] flat start in the [rows, seq_len] batch
-  ts_kind: np.ndarray  # uint8 [T]
-  ts_value: np.ndarray  # int64 [T]
-  order: np.ndarray  # uint8 [T]
-  ctx_mode: np.ndarray  # int64 [C] mode of each context
-  ctx_offset: np.ndarray  # int64 [C] start of the context in its row
-  ctx_used: np.ndarray  # int64 [C] tokens of the context (0: not emitted)
-
-
 def _take_rows(array: np.ndarray, index: np.ndarray) -> np.ndarray:
   """array[index] for a C-contiguous [N] or [N, 2 | 16] uint8/bool array, but gathering each row
   as one or two machine words (numpy's generic 2-D fancy indexing is ~5-10x slower)."""
@@ -98,12 +57,6 @@ def _take_rows(array: np.ndarray, index: np.ndarray) -> np.ndarray:
   width = array.shape[1]
   word = np.uint64 if width == 16 else np.uint16
   return np.take(array.view(word), index, axis=0).view(array.dtype).reshape(-1, width)
-
-
-def _segment_starts(counts: np.ndarray) -> np.ndarray:
-  starts = np.zeros(len(counts), dtype=np.int64)
-  np.cumsum(counts[:-1], out=starts[1:])
-  return starts
 
 
 class BatchBuilder:
@@ -145,6 +98,7 @@ class BatchBuilder:
     self.field_order = field_order
     self.num_epoch = num_epoch
     self._plans: dict[int, contexts.EpochPlan] = {}
+    self._lock = threading.Lock()  # Grain's read threads share the builder
 
   @classmethod
   def from_config(cls, config, store, global_batch_size: int, **overrides) -> BatchBuilder:
@@ -166,7 +120,12 @@ class BatchBuilder:
     state = dict(self.__dict__)
     state["_plans"] = {}
     state.pop("stats", None)
+    del state["_lock"]
     return state
+
+  def __setstate__(self, state):
+    self.__dict__.update(state)
+    self._lock = threading.Lock()
 
   @functools.cached_property
   def stats(self) -> contexts.ProbeStats:
@@ -174,20 +133,21 @@ class BatchBuilder:
 
   def plan(self, epoch: int) -> contexts.EpochPlan:
     """The plan of `epoch` (cached)."""
-    plan = self._plans.get(epoch)
-    if plan is None:
-      plan = contexts.plan_epoch(
-        self.stats,
-        seq_len=self.seq_len,
-        seed=self.seed,
-        epoch=epoch,
-        packing=self.packing,
-        shuffle=self.shuffle,
-      )
-      while len(self._plans) >= _PLAN_CACHE:
-        self._plans.pop(next(iter(self._plans)))
-      self._plans[epoch] = plan
-    return plan
+    with self._lock:
+      plan = self._plans.get(epoch)
+      if plan is None:
+        plan = contexts.plan_epoch(
+          self.stats,
+          seq_len=self.seq_len,
+          seed=self.seed,
+          epoch=epoch,
+          packing=self.packing,
+          shuffle=self.shuffle,
+        )
+        while len(self._plans) >= _PLAN_CACHE:
+          self._plans.pop(next(iter(self._plans)))
+        self._plans[epoch] = plan
+      return plan
 
   @functools.cached_property
   def steps_per_epoch(self) -> int:
@@ -222,14 +182,14 @@ class BatchBuilder:
     first = plan.unit_offsets[units]
     per_row = plan.unit_offsets[units + 1] - first
     ctx_row = np.repeat(np.arange(num_rows), per_row)
-    ctx_index = np.arange(len(ctx_row)) - np.repeat(_segment_starts(per_row), per_row)
+    ctx_index = np.arange(len(ctx_row)) - np.repeat(segment_starts(per_row), per_row)
     plan_ctx = np.repeat(first, per_row) + ctx_index
     ctx_unit = units[ctx_row]
     ctx_probe = plan.ctx_probe[plan_ctx]
     ctx_start = plan.ctx_start[plan_ctx]
     ctx_end = plan.ctx_end[plan_ctx]
     version = np.asarray(self.store.probe_version)
-    cap = np.where(version[ctx_probe] == 4, self.seq_len // 12, self.seq_len // 36)
+    cap = self.seq_len // np.where(version[ctx_probe] == 4, _MIN_LENGTH[4], _MIN_LENGTH[6])
     if self.packing:
       filler_row = np.repeat(np.arange(num_rows), FILLERS)
       filler_index = np.tile(np.arange(FILLERS), num_rows) + per_row[filler_row]
@@ -256,7 +216,7 @@ class BatchBuilder:
     )
     ctx_count = np.maximum(np.minimum(ctx_end - ctx_start, cap), 1)
     round_bounds = np.searchsorted(ctx_index, np.arange(ctx_index.max(initial=-1) + 2))
-    store_row = np.repeat(ctx_start - _segment_starts(ctx_count), ctx_count) + np.arange(
+    store_row = np.repeat(ctx_start - segment_starts(ctx_count), ctx_count) + np.arange(
       ctx_count.sum()
     )
     store = self.store
@@ -282,95 +242,8 @@ class BatchBuilder:
 
   def layout(self, g: Gathered) -> Layout:
     """Modes, timestamps and the fill of every context; where each measurement goes."""
-    key = functools.partial(contexts.stream_key, self.seed, g.epoch)
-    # Per context: field 0 picks the mode, field 1 the share of dropped timestamps.
-    ctx_bits = contexts.random_bits(key(contexts.CONTEXT), g.ctx_unit, g.ctx_index)
-    ctx_mode = np.searchsorted(self.mode_cdf, contexts.fraction(ctx_bits, 0), side="right")
-    drop_fraction = 0.1 + 0.8 * contexts.fraction(ctx_bits, 1)
-    count = g.ctx_count
-    first = _segment_starts(count)
-    cand_ctx = np.repeat(np.arange(len(count)), count)
-    cand_j = np.arange(len(cand_ctx)) - first[cand_ctx]
-    unit, index = g.ctx_unit[cand_ctx], g.ctx_index[cand_ctx]
-    mode = ctx_mode[cand_ctx]
-    # Per measurement: field 0 drops its timestamp, field 1 places it when shuffled, the top
-    # bits choose its field order.
-    bits = contexts.random_bits(key(contexts.MEASUREMENT), unit, index, cand_j)
-    kept = contexts.fraction(bits, 0) >= drop_fraction[cand_ctx]
-    has_ts = (mode == FULL) | ((mode == PARTIAL) & kept)
-    ts_kind, ts_value = tokenizer.timestamp_kinds(g.seconds, has_ts, cand_j == 0)
-    version = g.ctx_version[cand_ctx]
-    length = tokenizer.measurement_lengths(version, g.failed, ts_kind).astype(np.int64)
-    within = np.cumsum(length)
-    within -= np.repeat(within[first] - length[first], count)
-    dropped = (~has_ts).astype(np.int64)
-    dropped_within = np.cumsum(dropped)
-    dropped_within -= np.repeat(dropped_within[first] - dropped[first], count)
-
-    taken_count = np.zeros(len(count), dtype=np.int64)
-    ctx_offset = np.zeros(len(count), dtype=np.int64)
-    ctx_used = np.zeros(len(count), dtype=np.int64)
-    remaining = np.full(g.num_rows, self.seq_len, dtype=np.int64)
-    for k in range(len(g.round_bounds) - 1):
-      c0, c1 = g.round_bounds[k], g.round_bounds[k + 1]
-      if c0 == c1:
-        continue
-      rows = g.ctx_row[c0:c1]
-      room = remaining[rows]
-      m0, m1 = first[c0], first[c1 - 1] + count[c1 - 1]
-      fits = within[m0:m1] <= np.repeat(room, count[c0:c1])
-      n = np.add.reduceat(fits, first[c0:c1] - m0, dtype=np.int64)
-      last = first[c0:c1] + n - 1
-      emitted = n > 0
-      used = np.where(emitted, within[np.maximum(last, 0)], 0)
-      # A partial context with no dropped timestamp among its taken measurements loses the
-      # last one's: that changes no other measurement's timestamp and only frees space.
-      fix = emitted & (ctx_mode[c0:c1] == PARTIAL) & (dropped_within[np.maximum(last, 0)] == 0)
-      fixed = last[fix]
-      used[fix] -= _TS_LENGTH[ts_kind[fixed]]
-      length[fixed] -= _TS_LENGTH[ts_kind[fixed]]
-      has_ts[fixed] = False
-      ts_kind[fixed] = tk.TS_NONE
-      ts_value[fixed] = 0
-      taken_count[c0:c1] = n
-      ctx_offset[c0:c1] = self.seq_len - room
-      ctx_used[c0:c1] = used
-      remaining[rows] = room - used
-
-    taken = np.flatnonzero(cand_j < taken_count[cand_ctx])
-    t_ctx = cand_ctx[taken]
-    t_j = cand_j[taken]
-    t_mode = ctx_mode[t_ctx]
-    sort_key = t_j.astype(np.float64)
-    shuffled = (t_mode == NONE) | ((t_mode == PARTIAL) & ~has_ts[taken])
-    draw = contexts.fraction(bits[taken], 1)
-    sort_key[shuffled] = (draw * taken_count[t_ctx])[shuffled]
-    # Timsort on a mostly ascending key: `full` contexts are already runs.
-    sort_key += t_ctx * (self.seq_len + 1.0)
-    in_sequence = taken[np.argsort(sort_key, kind="stable")]
-    s_ctx = cand_ctx[in_sequence]
-    s_length = length[in_sequence]
-    before = np.cumsum(s_length) - s_length
-    s_first = _segment_starts(taken_count)
-    before -= np.repeat(before[s_first[taken_count > 0]], taken_count[taken_count > 0])
-    position = g.ctx_row[s_ctx] * self.seq_len + ctx_offset[s_ctx] + before
-
-    if self.field_order == "random":
-      order = tokenizer.random_orders(bits[in_sequence] >> np.uint64(42))  # above fields 0, 1
-    elif self.field_order == "fixed":
-      order = np.full(len(in_sequence), _FIXED_ORDER, dtype=np.uint8)
-    else:
-      order = g.hashed_order[in_sequence, has_ts[in_sequence].astype(np.intp)]
-    return Layout(
-      store_row=g.store_row[in_sequence],
-      candidate=in_sequence,
-      position=position,
-      ts_kind=ts_kind[in_sequence],
-      ts_value=ts_value[in_sequence],
-      order=order,
-      ctx_mode=ctx_mode,
-      ctx_offset=ctx_offset,
-      ctx_used=ctx_used,
+    return layout_lib.layout(
+      g, seq_len=self.seq_len, seed=self.seed, mode_cdf=self.mode_cdf, field_order=self.field_order
     )
 
   def build(self, g: Gathered) -> dict[str, np.ndarray]:
