@@ -33,6 +33,8 @@ class DataIterator:
   """
 
   def __init__(self, local_iterator, sharding: jax.sharding.Sharding, global_rows: int):
+    # Workers start now, while the caller compiles its model.
+    local_iterator.start_prefetch()
     self.local_iterator = local_iterator
     self._sharding = sharding
     self._global_rows = global_rows
@@ -94,8 +96,12 @@ def _network_grain(config: Config, mesh: Mesh):
     except DataError as e:
       print(f"input pipeline: no eval batches: {e}", file=sys.stderr)
     else:
+      # In-process: a few batches per eval, and every eval restarts the iterator (set_state),
+      # which would restart worker processes.
       eval_iterator = DataIterator(
-        network_grain.make_iterator(config, builder, lo, hi, steps), sharding, size
+        network_grain.make_iterator(config, builder, lo, hi, steps, in_process=True),
+        sharding,
+        size,
       )
   return train_iterator, eval_iterator
 

@@ -66,10 +66,17 @@ def make_dataset(builder: BatchBuilder, lo: int, hi: int, num_steps: int | None)
 
 
 def make_iterator(
-  config, builder: BatchBuilder, lo: int, hi: int, num_steps: int | None, start: int = 0
+  config,
+  builder: BatchBuilder,
+  lo: int,
+  hi: int,
+  num_steps: int | None,
+  *,
+  start: int = 0,
+  in_process: bool = False,
 ) -> grain.DatasetIterator:
-  """The Grain iterator of host batches from global step `start`, in-process or with
-  worker processes (`grain_worker_count`)."""
+  """The Grain iterator of host batches from global step `start`, with the worker processes
+  of `grain_worker_count` unless `in_process`."""
   dataset = make_dataset(builder, lo, hi, num_steps)
   if start:
     dataset = dataset[start:]
@@ -80,7 +87,7 @@ def make_iterator(
     )
   )
   host_batch_bytes = len(INPUT_KEYS) * 4 * (hi - lo) * builder.seq_len
-  workers = worker_count(config, host_batch_bytes)
+  workers = 0 if in_process else worker_count(config, host_batch_bytes)
   if workers > 0:
     # Grain's worker start reads absl flags, which only an absl `app.run` entry point parses;
     # ours take their settings from the config, so the flags keep their defaults.
