@@ -188,3 +188,10 @@ def test_too_little_data_for_one_batch_is_an_error(tmp_path):
   tiny = pipeline_helpers.write_store(str(tmp_path / "tiny"), probes=5, mean_rows=5)
   with pytest.raises(DataError, match="fewer than one global batch"):
     _ = builder(tiny, global_batch_size=1000).steps_per_epoch
+
+
+def test_sequences_shorter_than_a_measurement_are_refused(store):
+  from maxtext_netdata.config import ConfigError
+
+  with pytest.raises(ConfigError, match="max_target_length=40"):
+    builder(store, seq_len=40)

@@ -24,6 +24,7 @@ import numpy as np
 
 from maxtext_netdata import tokenizer
 from maxtext_netdata import tokens as tk
+from maxtext_netdata.config import ConfigError
 from maxtext_netdata.data.errors import DataError
 from maxtext_netdata.input_pipeline import contexts
 from maxtext_netdata.input_pipeline import layout as layout_lib
@@ -32,10 +33,11 @@ from maxtext_netdata.input_pipeline.layout import Gathered, Layout, segment_star
 # With packing, each row also tries this many random one-probe filler contexts of at most
 # FILLER_ROWS measurements in the space its own contexts leave: a row's own contexts stop at
 # the first measurement that does not fit, which would otherwise leave ~1% padding.
-FILLERS = 4
-FILLER_ROWS = 3
+FILLERS = 3
+FILLER_ROWS = 2
 # Shortest measurement of each IP version (failed, no timestamp): bounds what can fit.
 _MIN_LENGTH = {4: 12, 6: 36}
+LONGEST_MEASUREMENT = 47  # IPv6 with an RTT and an absolute timestamp
 _PLAN_CACHE = 2  # epochs whose plan a builder keeps (the current one and its neighbour)
 
 KEYS = (
@@ -81,6 +83,11 @@ class BatchBuilder:
   ):
     if global_batch_size < 1:
       raise ValueError(f"global batch size {global_batch_size} must be positive")
+    if seq_len < LONGEST_MEASUREMENT:
+      raise ConfigError(
+        f"max_target_length={seq_len} is shorter than the longest measurement"
+        f" ({LONGEST_MEASUREMENT} tokens), which is never cut"
+      )
     if field_order == "hashed" and store.hashed_order is None:
       raise DataError(
         f"{store.path}: network_field_order=hashed needs a store prepared with it; run"
