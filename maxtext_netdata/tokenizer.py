@@ -10,21 +10,19 @@ timestamp simply has an empty timestamp block.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import itertools
-import random
 import socket
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from maxtext_netdata import hashed_order
 from maxtext_netdata import tokens as tk
 
 PERMUTATIONS = np.array(
   list(itertools.permutations((tk.BLOCK_SRC, tk.BLOCK_DST, tk.BLOCK_RESULT, tk.BLOCK_TIMESTAMP))),
   dtype=np.uint8,
 )
-_PERMUTATION_INDEX = {tuple(int(b) for b in p): i for i, p in enumerate(PERMUTATIONS)}
 
 # Tokens of the timestamp block per TS_* kind (tag + payload bytes).
 _TS_LENGTH = np.array([0, 9, 2, 5], dtype=np.int64)
@@ -111,33 +109,9 @@ def random_orders(bits: np.ndarray) -> np.ndarray:
   return (np.asarray(bits, dtype=np.uint64) % np.uint64(len(PERMUTATIONS))).astype(np.uint8)
 
 
-def _text_list(texts) -> list:
-  return texts.to_pylist() if hasattr(texts, "to_pylist") else list(texts)
-
-
-def hashed_orders(src_text, dst_text, seconds, has_ts) -> np.ndarray:
-  """uint8 [N] field-order indices of the original format's deterministic order.
-
-  Seed = big-endian first 4 bytes of md5("{src}|{dst}|{seconds}") over the address text as
-  stored (null as empty) and the row's Unix seconds; `random.Random(seed).shuffle` permutes
-  [src, dst, result, timestamp] (or [src, dst, result] with the timestamp put last when the
-  row has none). This is per-row Python (~5 us a row): prefer `random` or `fixed` for speed.
-  """
-  seconds = np.asarray(seconds, dtype=np.int64).tolist()
-  has_ts = np.asarray(has_ts, dtype=bool).tolist()
-  out = np.empty(len(seconds), dtype=np.uint8)
-  with_ts = [tk.BLOCK_SRC, tk.BLOCK_DST, tk.BLOCK_RESULT, tk.BLOCK_TIMESTAMP]
-  for i, (src, dst, t, has) in enumerate(
-    zip(_text_list(src_text), _text_list(dst_text), seconds, has_ts, strict=True)
-  ):
-    key = f"{src or ''}|{dst or ''}|{t}".encode()
-    seed = int.from_bytes(hashlib.md5(key).digest()[:4], "big")
-    blocks = list(with_ts) if has else with_ts[:3]
-    random.Random(seed).shuffle(blocks)
-    if not has:
-      blocks.append(tk.BLOCK_TIMESTAMP)
-    out[i] = _PERMUTATION_INDEX[tuple(blocks)]
-  return out
+# The `hashed` field order (vectorized in its own module; re-exported as part of this API).
+hashed_orders = hashed_order.hashed_orders
+hashed_order_pairs = hashed_order.hashed_order_pairs
 
 
 def _layout_tables() -> tuple[np.ndarray, ...]:
