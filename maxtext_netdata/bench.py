@@ -309,7 +309,8 @@ def _resolved_workers(cfg: Config, device_mesh) -> int:
   from maxtext_netdata.input_pipeline import interface, network_grain
 
   lo, hi = multihost.process_row_range(interface.global_batch_size(cfg, device_mesh))
-  return network_grain.worker_count(cfg, 6 * 4 * (hi - lo) * cfg.max_target_length)
+  host_batch_bytes = len(network_grain.INPUT_KEYS) * 4 * (hi - lo) * cfg.max_target_length
+  return network_grain.worker_count(cfg, host_batch_bytes)
 
 
 def _cpu_seconds(before: dict[int, float] | None = None) -> dict[int, float] | float:
