@@ -4,7 +4,8 @@
 
 Prints rows/s of `generate` and of `parse_addresses` on a generated address column, and
 tokens/s of the vectorized `tokenizer.encode` (batches of 8 and 256 sequences of 1024
-tokens, fresh output and in place) and of the plain per-row reference tokenizer. Each figure
+tokens, fresh output and in place), of the plain per-row reference tokenizer and of the
+`hashed` field order (vectorized and per row). Each figure
 is the best of several repeats, as wall time and as CPU time of this one process (numpy
 and the parquet writer run on one core here), so other load on the machine disturbs them
 less.
@@ -110,6 +111,23 @@ def bench_reference(path: str, rows: int) -> None:
   report("reference tokenizer (per row)", tokens, "tokens", best_of(run, 1))
 
 
+def bench_hashed(columns, repeats: int) -> None:
+  rows = min(len(columns), 50_000)
+  src, dst = columns.src_text.slice(0, rows), columns.dst_text.slice(0, rows)
+  seconds = columns.seconds[:rows]
+  timing = best_of(lambda: tokenizer.hashed_order_pairs(src, dst, seconds), repeats)
+  report("hashed_order_pairs (both variants)", rows, "rows", timing)
+
+  def per_row_python():
+    for s, d, t in zip(
+      src.to_pylist()[:5_000], dst.to_pylist()[:5_000], seconds.tolist(), strict=False
+    ):
+      reference_tokenizer.hashed_order(s, d, t, True)
+      reference_tokenizer.hashed_order(s, d, t, False)
+
+  report("hashed order, per row in Python (both)", 5_000, "rows", best_of(per_row_python, 1))
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--rows", type=int, default=1_000_000, help="rows to generate")
@@ -132,6 +150,7 @@ def main() -> None:
     for sequences in (8, 256):
       bench_encode(inputs, sequences, args.repeats)
     bench_reference(path, 20_000)
+    bench_hashed(columns, 3)
 
 
 if __name__ == "__main__":
