@@ -6,7 +6,8 @@ items: `items` (params, optimizer state and step, written with `StandardSave`) a
 `grain.checkpoint.CheckpointHandler`, holding that process's `iterator.get_state()`).
 The iterator state is captured when the save is requested, so an asynchronous save cannot
 record a later position. Restoring both gives the batches and the loss an uninterrupted
-run would have had.
+run would have had, also on another number of processes (all processes' iterator states are
+the same global step).
 """
 
 from __future__ import annotations
@@ -34,9 +35,21 @@ class IteratorStateHandler(ocp.CheckpointHandler):
 
   def restore(self, directory: epath.Path, args: IteratorStateRestore | None = None) -> Any:
     path = _state_file(directory)
-    if not path.exists():
-      raise FileNotFoundError(f"{path}: no iterator state for this process in the checkpoint")
-    return json.loads(path.read_text())
+    if path.exists():
+      return json.loads(path.read_text())
+    # Saved by another number of processes. Every process's iterator stands at the same
+    # global step (a host batch is a function of the step index and the host's rows), so the
+    # saved states agree and any of them continues the same global batches here.
+    states = {
+      json.dumps(json.loads(saved.read_text()), sort_keys=True)
+      for saved in directory.glob("process_*-of-*.json")
+    }
+    if len(states) != 1:
+      found = "none" if not states else "differing states"
+      raise FileNotFoundError(
+        f"{path}: no iterator state for this process in the checkpoint ({found})"
+      )
+    return json.loads(states.pop())
 
   def metadata(self, directory: epath.Path) -> None:
     return None

@@ -392,3 +392,66 @@ def test_four_processes_load_the_global_batches_of_one(raw_dir, tmp_path):
   expected = batches_cli_digests(overrides, STEPS)
   reports = run_pipeline(overrides, tmp_path / "npz", num_processes=4, devices=1)
   assert [r["digests"] for r in reports] == [expected] * 4
+
+
+# --- training: a checkpoint of two processes resumes in one --------------------------------
+
+TRAIN_WORKER = textwrap.dedent(
+  """
+    import json, sys
+    from maxtext_netdata import config, multihost, train
+    from maxtext_netdata.input_pipeline import create_data_iterator
+    from maxtext_netdata.input_pipeline.batches_cli import digest
+    from maxtext_netdata.mesh import make_mesh
+
+    cfg = config.load("configs/smoke.yml", json.loads(sys.argv[1]))
+    multihost.initialize_distributed(cfg)
+    train_iterator, eval_iterator = create_data_iterator(cfg, make_mesh(cfg))
+    digests = []
+
+    class Recording:
+      # The trainer's batches, recorded as digests of the whole global batch.
+      def __iter__(self):
+        return self
+
+      def __next__(self):
+        batch = next(train_iterator)
+        digests.append(digest(multihost.gather_to_host(batch)))
+        return batch
+
+      def get_state(self):
+        return train_iterator.get_state()
+
+      def set_state(self, state):
+        train_iterator.set_state(state)
+
+      def close(self):
+        train_iterator.close()
+
+    train.train(cfg, data_iterators=(Recording(), eval_iterator))
+    print(json.dumps({"digests": digests}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_process_checkpoint_resumes_in_one_process_with_the_same_batches(raw_dir, tmp_path):
+  base = tmp_path / "run"
+  data = pipeline_overrides(raw_dir, base, data_shuffle_seed=5)
+  model = ["base_num_decoder_layers=1", "base_emb_dim=64", "base_mlp_dim=128", "head_dim=16"]
+  run = ["checkpoint_period=2", "eval_interval=-1", "enable_tensorboard=false", "run_name=resume"]
+
+  def train(steps: int, num_processes: int) -> list[str]:
+    overrides = data + model + run + [f"steps={steps}"]
+    argv = [sys.executable, "-c", TRAIN_WORKER, json.dumps(overrides)]
+    reports = _reports(run_processes(argv, num_processes, devices_per_process=4 // num_processes))
+    assert all(r["digests"] == reports[0]["digests"] for r in reports)
+    return reports[0]["digests"]
+
+  first = train(2, num_processes=2)
+  saved = sorted(p.name for p in (base / "resume/checkpoints/2/iter").glob("*.json"))
+  assert saved == ["process_0-of-2.json", "process_1-of-2.json"]
+  rest = train(4, num_processes=1)
+  assert first + rest == batches_cli_digests(data, 4)
+  records = [json.loads(line) for line in (base / "resume/metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records] == [0, 1, 2, 3]
