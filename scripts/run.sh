@@ -10,6 +10,7 @@ SAMPLE="$ROOT/sample_data/raw"
 if [ ! -f "$SAMPLE/.complete" ]; then
   maxtext-netdata generate --out "$SAMPLE"
 fi
-maxtext-netdata tokenize "$(ls "$SAMPLE"/*.parquet | head -1)" --limit 3 --field-order fixed
-maxtext-netdata tokenize "$(ls "$SAMPLE"/*.parquet | head -1)" --limit 3 --field-order fixed \
+FIRST="$(find "$SAMPLE" -name '*.parquet' | sort | head -1)"
+maxtext-netdata tokenize "$FIRST" --limit 3 --field-order fixed
+maxtext-netdata tokenize "$FIRST" --limit 3 --field-order fixed \
   | maxtext-netdata decode -
