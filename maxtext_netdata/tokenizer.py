@@ -70,7 +70,9 @@ def measurement_lengths(version, failed, ts_kind) -> np.ndarray:
   """int32 [N] tokens per measurement."""
   address = np.where(np.asarray(version) == 4, 5, 17)
   result = np.where(np.asarray(failed), 1, 3)
-  return (1 + 2 * address + result + _TS_LENGTH[np.asarray(ts_kind)]).astype(np.int32)
+  return (1 + 2 * address + result + _TS_LENGTH[np.asarray(ts_kind, dtype=np.intp)]).astype(
+    np.int32
+  )
 
 
 def timestamp_kinds(seconds, has_ts, segment_start) -> tuple[np.ndarray, np.ndarray]:
@@ -203,6 +205,7 @@ def encode(
     With `out`: (out, positions), written in place; tokens outside the measurements are
     left untouched.
   """
+  src, dst = np.asarray(src), np.asarray(dst)
   version = np.asarray(version)
   failed = np.asarray(failed, dtype=bool)
   ts_kind = np.asarray(ts_kind)

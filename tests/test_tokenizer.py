@@ -348,3 +348,23 @@ def test_format_measurement():
   assert tokenizer.format_measurement(measurement) == (
     "192.0.2.1 -> 8.8.8.8 rtt 49.984 ms at 2025-07-01T00:00:00Z [src,dst,result,timestamp]"
   )
+
+
+def test_empty_inputs():
+  kind, value = tokenizer.timestamp_kinds([], [], [])
+  payload, failed = tokenizer.rtt_bytes([])
+  none = np.zeros(0, np.uint8)
+  flat, offsets = tokenizer.encode(
+    src=np.zeros((0, 16), np.uint8),
+    dst=np.zeros((0, 16), np.uint8),
+    version=none,
+    rtt_bytes=payload,
+    failed=failed,
+    ts_kind=kind,
+    ts_value=value,
+    order=none,
+  )
+  assert flat.tolist() == [] and offsets.tolist() == [0]
+  assert tokenizer.measurement_lengths([], [], []).tolist() == []
+  assert tokenizer.decode([]) == [] and tokenizer.decode([tk.PAD] * 3) == []
+  assert tokenizer.hashed_orders([], [], [], []).tolist() == []
