@@ -394,6 +394,17 @@ def test_four_processes_load_the_global_batches_of_one(raw_dir, tmp_path):
   assert [r["digests"] for r in reports] == [expected] * 4
 
 
+@pytest.mark.slow
+def test_two_processes_with_grain_workers_load_the_global_batches_of_one(raw_dir, tmp_path):
+  # Each process spawns its own Grain worker; the batches stay those of one in-process loader.
+  overrides = pipeline_overrides(raw_dir, tmp_path / "run", data_shuffle_seed=2)
+  expected = batches_cli_digests(overrides, STEPS)
+  with_workers = [o for o in overrides if not o.startswith("grain_worker_count=")]
+  with_workers.append("grain_worker_count=1")
+  reports = run_pipeline(with_workers, tmp_path / "npz", num_processes=2, devices=1)
+  assert [r["digests"] for r in reports] == [expected] * 2
+
+
 # --- training: a checkpoint of two processes resumes in one --------------------------------
 
 TRAIN_WORKER = textwrap.dedent(
