@@ -217,14 +217,15 @@ def _write_atomic(table: pa.Table, path: str) -> None:
 
 
 def _progress(done_rows: int, rows: int, shard: int, shards: int, started: float) -> None:
+  """A bar redrawn in place on a terminal; one line per shard in a log file."""
   width = 30
   filled = width * done_rows // max(rows, 1)
   rate = done_rows / max(time.perf_counter() - started, 1e-9)
-  end = "\n" if shard == shards else ""
+  live = sys.stderr.isatty()
   print(
-    f"\rgenerate [{'#' * filled}{'.' * (width - filled)}] shard {shard}/{shards}, "
-    f"{done_rows:,} rows, {rate / 1e6:.2f}M rows/s",
-    end=end,
+    f"{chr(13) if live else ''}generate [{'#' * filled}{'.' * (width - filled)}] shard"
+    f" {shard}/{shards}, {done_rows:,} rows, {rate / 1e6:.2f}M rows/s",
+    end="\n" if shard == shards or not live else "",
     file=sys.stderr,
     flush=True,
   )
