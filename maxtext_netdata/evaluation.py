@@ -1,11 +1,11 @@
 """Eval loss, and the loss on RTT bytes against a unigram baseline.
 
 The RTT bytes are the two tokens after `RTT_START`. Their loss tells whether the model
-learnt latency from the context (the probe's other measurements) rather than the token
-format. The baseline is the best unigram model in hindsight: for each of the two byte
-slots, the cross-entropy of the eval positions' own empirical token distribution. A model
-below it predicts RTTs from context; one at or above it has learnt nothing about latency
-(or sees targets that are not shifted right).
+learnt latency from the context (the probe's other measurements, the destinations) rather
+than the token format. The baseline is a unigram model per byte slot fitted on the training
+split's RTTs, scored on the same eval positions as the model: a model below it predicts
+RTTs from context; one at or above it has learnt nothing about latency (or sees targets
+that are not shifted right).
 """
 
 from __future__ import annotations
@@ -65,21 +65,33 @@ def make_eval_step(apply_fn: Callable[..., jax.Array], vocab_size: int) -> Calla
   return eval_step
 
 
-def unigram_loss(counts: np.ndarray) -> float:
-  """Mean cross-entropy (nats) of each row's own empirical distribution on its positions."""
-  counts = np.asarray(counts, dtype=np.float64)
-  totals = counts.sum(axis=1, keepdims=True)
-  with np.errstate(divide="ignore", invalid="ignore"):
-    log_p = np.where(counts > 0, np.log(counts / totals), 0.0)
-  return float(-(counts * log_p).sum() / counts.sum())
+def rtt_unigram_log_probs(train_split: Any, vocab_size: int) -> np.ndarray:
+  """Log-probabilities [2, vocab_size] of the first / second RTT byte token in a split.
+
+  `train_split` is a prepared store split (`rtt_bytes` uint8 [N, 2], `failed` bool [N]).
+  Add-one smoothing over the 256 byte tokens keeps unseen bytes finite; other tokens get
+  probability 0 (log -inf), which no RTT target has.
+  """
+  ok = ~np.asarray(train_split.failed)
+  rtt_bytes = np.asarray(train_split.rtt_bytes)[ok]
+  log_probs = np.full((2, vocab_size), -np.inf)
+  for slot in range(2):
+    counts = np.bincount(rtt_bytes[:, slot], minlength=256) + 1.0
+    log_probs[slot, tokens.BYTE_OFFSET : tokens.BYTE_OFFSET + 256] = np.log(counts / counts.sum())
+  return log_probs
 
 
 def evaluate(
-  eval_step: Callable, params: Any, batches: Iterator[dict[str, jax.Array]], num_batches: int
+  eval_step: Callable,
+  params: Any,
+  batches: Iterator[dict[str, jax.Array]],
+  num_batches: int,
+  rtt_log_probs: np.ndarray | None = None,
 ) -> dict[str, float]:
-  """eval_loss, eval_rtt_loss and eval_rtt_unigram_loss over up to `num_batches` batches.
+  """eval_loss and eval_rtt_loss over up to `num_batches` batches (nats per target).
 
-  Returns an empty dict when the iterator yields nothing.
+  With `rtt_log_probs` (from `rtt_unigram_log_probs`), also eval_rtt_unigram_loss: the
+  baseline's loss on the same RTT positions. Returns an empty dict when `batches` is empty.
   """
   totals = None
   for _, batch in zip(range(num_batches), batches, strict=False):
@@ -88,9 +100,13 @@ def evaluate(
   if totals is None:
     return {}
   totals = jax.device_get(totals)
-  rtt_count = totals["rtt_target_counts"].sum()
+  counts = totals["rtt_target_counts"]
   result = {"eval_loss": float(totals["loss_sum"] / max(totals["tokens"], 1))}
-  if rtt_count > 0:
-    result["eval_rtt_loss"] = float(totals["rtt_loss_sum"] / rtt_count)
-    result["eval_rtt_unigram_loss"] = unigram_loss(totals["rtt_target_counts"])
+  if counts.sum() > 0:
+    result["eval_rtt_loss"] = float(totals["rtt_loss_sum"] / counts.sum())
+    if rtt_log_probs is not None:
+      seen = counts > 0
+      result["eval_rtt_unigram_loss"] = float(
+        -(counts[seen] * rtt_log_probs[seen]).sum() / counts.sum()
+      )
   return result

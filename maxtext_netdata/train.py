@@ -152,6 +152,16 @@ class Trainer:
     return new_state, metrics
 
 
+def _rtt_baseline(config: Config):
+  """The unigram RTT baseline of the training split (network_grain only)."""
+  if config.dataset_type != "network_grain":
+    return None
+  from maxtext_netdata.data import prepare  # only network_grain has a prepared store
+
+  splits = prepare.ensure_prepared(config, progress=False)  # cached: the pipeline made it
+  return evaluation.rtt_unigram_log_probs(splits.train, config.vocab_size)
+
+
 def _summary(config: Config, logger: MetricLogger, trainer_params: int) -> dict[str, Any]:
   train_records = [r for r in logger.history if "loss" in r]
   timed = train_records[_WARMUP_RECORDS:] or train_records
@@ -218,6 +228,7 @@ def train(
     else:
       state = trainer.init_state(jax.random.key(0))
     eval_start = eval_iter.get_state() if eval_iter is not None else None
+    rtt_log_probs = _rtt_baseline(config) if eval_iter is not None else None
     logger = MetricLogger(config, mesh.size, start_step)
 
     last = time.perf_counter()
@@ -241,7 +252,9 @@ def train(
       if eval_due and eval_iter is not None:
         eval_iter.set_state(eval_start)  # every eval sees the same batches
         logger.record_eval(
-          evaluation.evaluate(trainer.eval_step, state["params"], eval_iter, config.eval_steps),
+          evaluation.evaluate(
+            trainer.eval_step, state["params"], eval_iter, config.eval_steps, rtt_log_probs
+          ),
           step,
         )
         last = time.perf_counter()  # eval time is no step time
