@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from maxtext_netdata import tokenizer
 from maxtext_netdata import tokens as tk
 from maxtext_netdata.data import store as store_lib
-from maxtext_netdata.input_pipeline.sequences import KEYS
+from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS
 
 
 def write_store(
@@ -91,7 +91,7 @@ def address(raw: np.ndarray, version: int) -> str:
 
 
 def check_host_batch(store, layout, batch: dict[str, np.ndarray], seq_len: int) -> dict:
-  """Asserts that a host batch (before ShiftData) is valid against the store it came from.
+  """Asserts that a host batch (`BatchBuilder.build`, before ShiftData) is valid against the store it came from.
 
   Every row: segments 1..k, positions restarting at 0, then only padding (PAD, 0, 0). Every
   segment: decodes (tokenizer.decode) into whole measurements of ONE probe, each equal to its
@@ -103,8 +103,8 @@ def check_host_batch(store, layout, batch: dict[str, np.ndarray], seq_len: int) 
   inputs = batch["inputs"]
   seg = batch["inputs_segmentation"]
   pos = batch["inputs_position"]
-  assert set(batch) == set(KEYS)
-  for key in KEYS:
+  assert set(batch) == set(INPUT_KEYS)
+  for key in INPUT_KEYS:
     assert batch[key].dtype == np.int32 and batch[key].shape == inputs.shape, key
   probe_of_row = np.repeat(np.arange(store.num_probes), np.diff(store.probe_offsets))
   row_at = dict(zip(layout.position.tolist(), layout.store_row.tolist(), strict=True))

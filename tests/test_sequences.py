@@ -8,7 +8,7 @@ import pytest
 
 from maxtext_netdata import tokenizer
 from maxtext_netdata import tokens as tk
-from maxtext_netdata.input_pipeline.sequences import KEYS, BatchBuilder
+from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS, KEYS, BatchBuilder
 from maxtext_netdata.input_pipeline.transforms import shift_data
 
 SEQ_LEN = 256
@@ -106,14 +106,14 @@ def test_rows_are_independent_of_how_the_batch_is_split(store):
     for processes in (2, 4):
       per = 8 // processes
       parts = [build(b, step, h * per, (h + 1) * per)[0] for h in range(processes)]
-      for key in KEYS:
+      for key in INPUT_KEYS:
         assert (np.concatenate([p[key] for p in parts]) == whole[key]).all(), (key, processes)
 
 
 def test_same_config_same_batches_new_epoch_new_batches(store):
   a, _ = build(builder(store), 2)
   b, _ = build(builder(store), 2)
-  assert all((a[k] == b[k]).all() for k in KEYS)
+  assert all((a[k] == b[k]).all() for k in INPUT_KEYS)
   other_seed, _ = build(builder(store, seed=1), 2)
   assert not (other_seed["inputs"] == a["inputs"]).all()
   b2 = builder(store, num_epoch=2)
@@ -122,14 +122,17 @@ def test_same_config_same_batches_new_epoch_new_batches(store):
 
 
 def reference_shift(batch):
-  """ShiftData written out per position from SPEC §4."""
-  out = {k: v.copy() for k, v in batch.items()}
-  rows, length = batch["targets"].shape
+  """ShiftData written out per position from SPEC §4, targets = inputs before it."""
+  out = {k: batch[k].copy() for k in INPUT_KEYS}
+  out["targets"] = batch["inputs"].copy()
+  out["targets_segmentation"] = batch["inputs_segmentation"].copy()
+  out["targets_position"] = batch["inputs_position"].copy()
+  rows, length = batch["inputs"].shape
   for r in range(rows):
     for i in range(length):
       nxt = i + 1 < length
-      out["targets"][r, i] = batch["targets"][r, i + 1] if nxt else tk.PAD
-      seg = batch["targets_segmentation"][r, i + 1] if nxt else 0
+      out["targets"][r, i] = batch["inputs"][r, i + 1] if nxt else tk.PAD
+      seg = batch["inputs_segmentation"][r, i + 1] if nxt else 0
       out["targets_segmentation"][r, i] = 0 if out["targets"][r, i] == tk.PAD else seg
   return out
 
@@ -139,10 +142,22 @@ def test_shift_data_is_maxtexts(store):
   before = {k: v.copy() for k, v in batch.items()}
   shifted = shift_data(batch)
   expected = reference_shift(before)
+  assert tuple(shifted) == KEYS
   for key in KEYS:
     assert shifted[key].dtype == np.int32
     assert (shifted[key] == expected[key]).all(), key
+  for key in INPUT_KEYS:
     assert (batch[key] == before[key]).all(), "the input batch is not modified"
+  # Applied to a six-array batch (MaxText's form), the same result.
+  again = shift_data(
+    {
+      **before,
+      "targets": before["inputs"],
+      "targets_segmentation": before["inputs_segmentation"],
+      "targets_position": before["inputs_position"],
+    }
+  )
+  assert all((again[k] == expected[k]).all() for k in KEYS)
   mask = shifted["targets_segmentation"] != 0
   assert (shifted["targets"][mask] != tk.PAD).all(), "padding is masked"
   starts = shifted["targets"] == tk.MEASUREMENT_START

@@ -24,10 +24,9 @@ import grain
 import numpy as np
 from absl import flags
 
-from maxtext_netdata.input_pipeline.sequences import BatchBuilder
+from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS, BatchBuilder
 from maxtext_netdata.input_pipeline.transforms import ShiftData
 
-INPUT_KEYS = ("inputs", "inputs_segmentation", "inputs_position")
 # Memory of one worker process besides its batches: Python, numpy, Grain and an epoch plan.
 _WORKER_BASE_MB = 300
 
@@ -41,8 +40,7 @@ class BuildBatch(grain.transforms.Map):
     self.hi = hi
 
   def map(self, step: int) -> dict[str, np.ndarray]:
-    batch = self.builder.build(self.builder.gather(int(step), self.lo, self.hi))
-    return {key: batch[key] for key in INPUT_KEYS}
+    return self.builder.build(self.builder.gather(int(step), self.lo, self.hi))
 
 
 def worker_count(config, host_batch_bytes: int) -> int:

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from maxtext_netdata import tokens as tk
-from maxtext_netdata.input_pipeline.sequences import KEYS
+from maxtext_netdata.input_pipeline.transforms import shift_data
 
 
 class SyntheticIterator:
@@ -41,17 +41,10 @@ class SyntheticIterator:
 def host_batch(rows: int, seq_len: int, seed: int) -> dict[str, np.ndarray]:
   """Random tokens in one full segment per row, ShiftData applied (int32 [rows, seq_len])."""
   rng = np.random.default_rng(seed)
-  inputs = rng.integers(0, tk.PAD, size=(rows, seq_len), dtype=np.int32)
-  segmentation = np.ones((rows, seq_len), dtype=np.int32)
-  position = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (rows, seq_len)).copy()
-  targets = np.concatenate([inputs[:, 1:], np.full((rows, 1), tk.PAD, np.int32)], axis=1)
-  targets_segmentation = np.where(targets == tk.PAD, 0, segmentation).astype(np.int32)
-  batch = {
-    "inputs": inputs,
-    "inputs_segmentation": segmentation,
-    "inputs_position": position,
-    "targets": targets,
-    "targets_segmentation": targets_segmentation,
-    "targets_position": position.copy(),
-  }
-  return {key: batch[key] for key in KEYS}
+  return shift_data(
+    {
+      "inputs": rng.integers(0, tk.PAD, size=(rows, seq_len), dtype=np.int32),
+      "inputs_segmentation": np.ones((rows, seq_len), dtype=np.int32),
+      "inputs_position": np.tile(np.arange(seq_len, dtype=np.int32), (rows, 1)),
+    }
+  )

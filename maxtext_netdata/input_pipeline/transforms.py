@@ -21,8 +21,8 @@ def shift_data(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   `targets` shifted left by one with PAD last; `targets_segmentation` shifted left with 0
   last, then 0 wherever the new target is PAD, so the loss mask `targets_segmentation != 0`
   covers every real next token (MEASUREMENT_START included) and no padding. `inputs*` and
-  `targets_position` are unchanged. A batch of only the three `inputs*` arrays (as Grain
-  elements travel between processes, half the bytes) gets its targets from them first.
+  `targets_position` are unchanged. A batch of only the three `inputs*` arrays (as
+  `BatchBuilder.build` makes them) gets its targets from them first: targets = inputs.
   Returns a new dict of the six arrays; the input arrays are not modified.
   """
   targets = _shift_left(batch.get("targets", batch["inputs"]), tk.PAD)
