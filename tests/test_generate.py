@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from maxtext_netdata import cli
+from maxtext_netdata.data import generate as generate_module
 from maxtext_netdata.data import schema
 from maxtext_netdata.data.generate import generate
 
@@ -150,3 +151,14 @@ def test_cli(tmp_path, capsys):
   assert os.path.exists(os.path.join(out, ".complete"))
   assert cli.main(["generate", "--out", out, "--rows", "1", "--shards", "2"]) == 2
   assert "error: need --rows >= --shards" in capsys.readouterr().err
+
+
+def test_large_runs_are_written_in_time_slices(tmp_path, monkeypatch):
+  monkeypatch.setattr(generate_module, "PIECE_ROWS", 3_000)
+  paths = generate(str(tmp_path), rows=20_000, shards=2, seed=1, progress=False)
+  assert [pq.ParquetFile(p).num_row_groups for p in paths] == [4, 4]
+  table = _table(paths)
+  assert table.num_rows == 20_000
+  assert (np.diff(table.column("event_time").cast(pa.int64()).to_numpy()) >= 0).all()
+  columns, _ = schema.read_raw(paths[1])
+  assert len(columns) == 10_000

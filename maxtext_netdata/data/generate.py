@@ -30,6 +30,7 @@ START_SECONDS = 1_751_328_000  # 2025-07-01T00:00:00Z
 SPAN_SECONDS = 6 * 3600
 INTERVALS = np.array([60, 120, 180, 240, 300])
 ROW_GROUP_SIZE = 32_768
+PIECE_ROWS = 2_000_000  # rows generated at once (memory ~100 bytes a row)
 FAILED_RTT = -1.0
 
 # Regions: latitude, longitude, share of hosts, registry (index into _V4_FIRST_OCTETS/_V6_BASE).
@@ -206,18 +207,8 @@ def _shard_table(world: _World, stream: np.ndarray, when: np.ndarray, rng) -> pa
   )
 
 
-def _write_atomic(table: pa.Table, path: str) -> None:
-  tmp = os.path.join(os.path.dirname(path), f".tmp-{os.getpid()}-{os.path.basename(path)}")
-  try:
-    pq.write_table(table, tmp, row_group_size=ROW_GROUP_SIZE)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-
-
 def _progress(done_rows: int, rows: int, shard: int, shards: int, started: float) -> None:
-  """A bar redrawn in place on a terminal; one line per shard in a log file."""
+  """A bar redrawn in place on a terminal; one line per update in a log file."""
   width = 30
   filled = width * done_rows // max(rows, 1)
   rate = done_rows / max(time.perf_counter() - started, 1e-9)
@@ -225,7 +216,7 @@ def _progress(done_rows: int, rows: int, shard: int, shards: int, started: float
   print(
     f"{chr(13) if live else ''}generate [{'#' * filled}{'.' * (width - filled)}] shard"
     f" {shard}/{shards}, {done_rows:,} rows, {rate / 1e6:.2f}M rows/s",
-    end="\n" if shard == shards or not live else "",
+    end="\n" if done_rows == rows or not live else "",
     file=sys.stderr,
     flush=True,
   )
@@ -238,7 +229,9 @@ def generate(
 
   Same (rows, shards, seed) -> byte-identical files. Files of an earlier run in `out_dir`
   (this module's file names and marker) are replaced. Returns the file paths in time order.
-  The progress bar on stderr shows for runs of at least a million rows when `progress`.
+  Memory stays bounded whatever the size: a file is written in time slices of at most
+  PIECE_ROWS rows. The progress bar on stderr shows for runs of at least a million rows
+  when `progress`.
   """
   if shards < 1 or rows < shards:
     raise ValueError(f"need rows >= shards >= 1, got rows={rows}, shards={shards}")
@@ -252,22 +245,39 @@ def generate(
 
   started = time.perf_counter()
   world = _World(rows, np.random.default_rng(seed))
+  per_shard = -(-rows // (shards * PIECE_ROWS))  # time slices per file
+  pieces = shards * per_shard
   paths, written, carried = [], 0, 0
   show = progress and rows >= 1_000_000
   for shard in range(shards):
-    rng = np.random.default_rng([seed, shard + 1])
-    begin, end = SPAN_SECONDS * shard // shards, SPAN_SECONDS * (shard + 1) // shards
-    stream, when = world.events(begin, end)
-    wanted = rows * (shard + 1) // shards - rows * shard // shards + carried
-    keep = np.sort(rng.choice(len(stream), min(wanted, len(stream)), replace=False))
-    carried = wanted - len(keep)
-    table = _shard_table(world, stream[keep], when[keep], rng)
     path = os.path.join(out_dir, FILE_PATTERN.format(shard, shards))
-    _write_atomic(table, path)
+    tmp = os.path.join(out_dir, f".tmp-{os.getpid()}-{os.path.basename(path)}")
+    writer = None
+    try:
+      for piece in range(shard * per_shard, (shard + 1) * per_shard):
+        rng = np.random.default_rng([seed, piece + 1])
+        stream, when = world.events(
+          SPAN_SECONDS * piece // pieces, SPAN_SECONDS * (piece + 1) // pieces
+        )
+        wanted = rows * (piece + 1) // pieces - rows * piece // pieces + carried
+        keep = np.sort(rng.choice(len(stream), min(wanted, len(stream)), replace=False))
+        carried = wanted - len(keep)
+        table = _shard_table(world, stream[keep], when[keep], rng)
+        if writer is None:
+          writer = pq.ParquetWriter(tmp, table.schema)
+        writer.write_table(table, row_group_size=ROW_GROUP_SIZE)
+        written += table.num_rows
+        if show:
+          _progress(written, rows, shard + 1, shards, started)
+      writer.close()
+      writer = None
+      os.replace(tmp, path)
+    finally:
+      if writer is not None:
+        writer.close()
+      if os.path.exists(tmp):
+        os.remove(tmp)
     paths.append(path)
-    written += table.num_rows
-    if show:
-      _progress(written, rows, shard + 1, shards, started)
   if carried:
     raise RuntimeError(f"the generated world holds only {written} of {rows} rows")
   summary = {
