@@ -372,13 +372,23 @@ def write_plot(report: dict, path: str | os.PathLike) -> Path:
     label=f"loading, {loading['workers']} workers",
   )
   ax.axhline(loading["batch_s"] * 1e3, color="tab:green", label="loading, steady mean")
+  others = [e for e in report.get("sweep") or [] if e["workers"] != loading["workers"]]
+  for i, other in enumerate(others):
+    ax.axhline(
+      other["batch_s"] * 1e3,
+      color=f"C{3 + i}",
+      linestyle="-.",
+      linewidth=1,
+      label=f"steady mean, {other['workers']} workers (sweep)",
+    )
   ax.axhline(target_ms, color="black", linestyle="--", label="target step")
   ax.set_yscale("log")
+  ax.set_ylim(top=max(target_ms, max(loading["batch_times_s"]) * 1e3) * 20)
   ax.set_xlabel("batch after warm-up")
   ax.set_ylabel("ms (log scale)")
   ax.set_title(f"Loading alone against the target step: {report['verdict']['kind']}")
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-  ax.legend(fontsize="small")
+  ax.legend(fontsize="small", ncols=2, loc="upper right")
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
