@@ -53,7 +53,7 @@ def rtt_bytes(rtt_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   # the binary exponent of `us` above 2**10, capped at 31.
   _, exponent = np.frexp(us)
   e = np.clip(exponent - 11, 0, 31)
-  m = np.minimum(np.ldexp(us, -e).astype(np.int64), 2047)
+  m = np.minimum(np.ldexp(us, -e), 2047).astype(np.int64)  # clamp first: no int overflow
   out = np.empty((len(rtt_ms), 2), dtype=np.uint8)
   out[:, 0] = (e << 3) | (m >> 8)
   out[:, 1] = m & 0xFF
@@ -70,9 +70,8 @@ def measurement_lengths(version, failed, ts_kind) -> np.ndarray:
   """int32 [N] tokens per measurement."""
   address = np.where(np.asarray(version) == 4, 5, 17)
   result = np.where(np.asarray(failed), 1, 3)
-  return (1 + 2 * address + result + _TS_LENGTH[np.asarray(ts_kind, dtype=np.intp)]).astype(
-    np.int32
-  )
+  ts_length = _TS_LENGTH[np.asarray(ts_kind, dtype=np.intp)]
+  return (1 + 2 * address + result + ts_length).astype(np.int32)
 
 
 def timestamp_kinds(seconds, has_ts, segment_start) -> tuple[np.ndarray, np.ndarray]:
