@@ -267,7 +267,7 @@ def _format_address(raw: Sequence[int]) -> str:
   return socket.inet_ntop(family, bytes(raw))
 
 
-# Block tag -> (block id, payload bytes, IP version or timestamp kind name).
+# Block tag -> (block id, payload bytes, IP version of an address tag).
 _TAGS = {
   tk.SRC_IPV4: (tk.BLOCK_SRC, 4, 4),
   tk.SRC_IPV6: (tk.BLOCK_SRC, 16, 6),
@@ -275,9 +275,9 @@ _TAGS = {
   tk.DST_IPV6: (tk.BLOCK_DST, 16, 6),
   tk.RTT_START: (tk.BLOCK_RESULT, 2, None),
   tk.FAILED: (tk.BLOCK_RESULT, 0, None),
-  tk.TIMESTAMP_ABS: (tk.BLOCK_TIMESTAMP, 8, "abs"),
-  tk.TIMESTAMP_DELTA1: (tk.BLOCK_TIMESTAMP, 1, "delta"),
-  tk.TIMESTAMP_DELTA4: (tk.BLOCK_TIMESTAMP, 4, "delta"),
+  tk.TIMESTAMP_ABS: (tk.BLOCK_TIMESTAMP, 8, None),
+  tk.TIMESTAMP_DELTA1: (tk.BLOCK_TIMESTAMP, 1, None),
+  tk.TIMESTAMP_DELTA4: (tk.BLOCK_TIMESTAMP, 4, None),
 }
 
 
@@ -361,8 +361,11 @@ def format_measurement(measurement: dict) -> str:
   else:
     result = f"rtt {measurement['rtt_ms']:.3f} ms"
   if measurement["timestamp"] is not None:
-    when = datetime.datetime.fromtimestamp(measurement["timestamp"], datetime.UTC)
-    time_text = when.strftime(" at %Y-%m-%dT%H:%M:%SZ")
+    try:
+      when = datetime.datetime.fromtimestamp(measurement["timestamp"], datetime.UTC)
+      time_text = when.strftime(" at %Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, ValueError, OSError):  # beyond the calendar: show the number
+      time_text = f" at {measurement['timestamp']} s"
   elif measurement["delta_s"] is not None:
     time_text = f" +{measurement['delta_s']} s"
   else:

@@ -342,6 +342,13 @@ def test_encode_rejects_bad_columns():
     tokenizer.encode(**columns)
 
 
+def test_format_measurement_beyond_the_calendar():
+  stream = [0, 1, 11, 11, 11, 11, 3, 11, 11, 11, 11, 10, 5] + [266] * 8
+  assert tokenizer.format_measurement(tokenizer.decode(stream)[0]) == (
+    f"0.0.0.0 -> 0.0.0.0 failed at {2**64 - 1} s [src,dst,result,timestamp]"
+  )
+
+
 def test_format_measurement():
   measurement = tokenizer.decode(
     [0, 1, 203, 11, 13, 12, 3, 19, 19, 19, 19, 8, 57, 37, 5, 11, 11, 11, 11, 115, 110, 48, 11]
