@@ -3,7 +3,7 @@
 Everything here works on plain timings, so the decision can be checked on constructed numbers:
 `loading_summary` and `training_summary` condense measurements, `recommend_workers` reads a
 worker-count sweep, `decide` turns the figures into a verdict in plain words, and
-`format_table`, `write_json` and `write_plot` present one report dict.
+`format_table`, `write_json`, `plot` and `write_plot` present one report dict.
 """
 
 from __future__ import annotations
@@ -325,19 +325,23 @@ def write_json(report: dict, path: str | os.PathLike) -> Path:
 
 
 def write_plot(report: dict, path: str | os.PathLike) -> Path:
-  """A PNG: step time and data wait per step (synthetic, real) and loading time per batch,
-  each against the target step time."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt
-  from matplotlib.ticker import MaxNLocator
-
+  """Writes `plot(report)` as a PNG to `path` (folders created)."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
+  plot(report).savefig(path, dpi=100)
+  return path
+
+
+def plot(report: dict):
+  """A matplotlib Figure (Agg canvas, no pyplot state): step time and data wait per step
+  (synthetic, real) and loading time per batch, each against the target step time."""
+  from matplotlib.figure import Figure
+  from matplotlib.ticker import MaxNLocator
+
   target_ms = report["target"]["step_time_s"] * 1e3
   runs = [(n, report[n]) for n in ("synthetic", "real") if report.get(n)]
-  fig, axes = plt.subplots(1 + bool(runs), 1, figsize=(9, 4 + 3.5 * bool(runs)), squeeze=False)
+  fig = Figure(figsize=(9, 4 + 3.5 * bool(runs)))
+  axes = fig.subplots(1 + bool(runs), 1, squeeze=False)
   if runs:
     ax = axes[0][0]
     steady_max = target_ms
@@ -390,9 +394,7 @@ def write_plot(report: dict, path: str | os.PathLike) -> Path:
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   ax.legend(fontsize="small", ncols=2, loc="upper right")
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return fig
 
 
 def _ms(seconds: float | None) -> str:

@@ -179,6 +179,27 @@ def test_report_table_json_and_plot_hold_the_numbers(tmp_path):
   assert png.stat().st_size > 10_000
 
 
+def test_plot_draws_the_measured_numbers(tmp_path):
+  report = _report(tmp_path)
+  steps_ax, loading_ax = bench_report.plot(report).axes
+  plotted = {line.get_label(): list(line.get_ydata()) for line in steps_ax.get_lines()}
+  for name in ("synthetic", "real"):
+    ms = [t * 1e3 for t in report[name]["step_times_s"]]
+    assert plotted[f"{name} step time"] == pytest.approx(ms)
+    wait_ms = [t * 1e3 for t in report[name]["data_wait_s"]]
+    assert plotted[f"{name} data wait"] == pytest.approx(wait_ms)
+  assert plotted["target step"] == pytest.approx([100.0, 100.0])
+  plotted = {line.get_label(): list(line.get_ydata()) for line in loading_ax.get_lines()}
+  batch_ms = [t * 1e3 for t in report["loading"]["batch_times_s"]]
+  assert plotted["loading, 2 workers"] == pytest.approx(batch_ms)
+  assert plotted["loading, steady mean"][0] == pytest.approx(report["loading"]["batch_s"] * 1e3)
+  sweep_0 = report["sweep"][0]["batch_s"] * 1e3
+  assert plotted["steady mean, 0 workers (sweep)"][0] == pytest.approx(sweep_0)
+  # Loading alone (no training runs): one panel.
+  report.update(synthetic=None, real=None)
+  assert len(bench_report.plot(report).axes) == 1
+
+
 # --- end to end on the smoke config -------------------------------------------------------
 
 
