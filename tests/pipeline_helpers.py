@@ -91,7 +91,8 @@ def address(raw: np.ndarray, version: int) -> str:
 
 
 def check_host_batch(store, layout, batch: dict[str, np.ndarray], seq_len: int) -> dict:
-  """Asserts that a host batch (`BatchBuilder.build`, before ShiftData) is valid against the store it came from.
+  """Asserts that a host batch (`BatchBuilder.build`, before ShiftData) is valid against the
+  store it came from.
 
   Every row: segments 1..k, positions restarting at 0, then only padding (PAD, 0, 0). Every
   segment: decodes (tokenizer.decode) into whole measurements of ONE probe, each equal to its

@@ -1,4 +1,4 @@
-"""`create_data_iterator` (input_pipeline/interface.py): registry, global arrays, eval, synthetic."""
+"""`create_data_iterator`: dataset_type registry, global arrays, eval split, synthetic."""
 
 from __future__ import annotations
 
