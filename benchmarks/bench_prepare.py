@@ -1,0 +1,123 @@
+"""Benchmark of `prepare`: rows per second per core and peak memory per raw row.
+
+    python benchmarks/bench_prepare.py [--rows 2000000] [--shards 8] [--data DIR] [--hashed]
+
+Generates `--rows` realistic raw rows (reused from `--data` when already there), then
+prepares them from scratch in a fresh child process, so that its peak RSS is prepare's own,
+and prints one line per figure. CPU seconds include pyarrow's decode threads: "rows per
+CPU-second" is the per-core rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _child(data_dir: str, prepared_dir: str, hashed: bool) -> None:
+  """Prepare in this process and print the figures as one JSON line."""
+  import psutil  # noqa: PLC0415  (imports counted in the baseline, not in prepare's figures)
+
+  from maxtext_netdata import config  # noqa: PLC0415
+  from maxtext_netdata.data import prepare  # noqa: PLC0415
+
+  cfg = config.load(
+    None,
+    [
+      f"grain_train_files={data_dir}",
+      f"network_prepared_dir={prepared_dir}",
+      f"network_field_order={'hashed' if hashed else 'random'}",
+    ],
+  )
+  baseline = psutil.Process().memory_info().rss
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  cpu_start = usage.ru_utime + usage.ru_stime
+  start = time.perf_counter()
+  splits = prepare.prepare(cfg, progress=False, force=True)
+  seconds = time.perf_counter() - start
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  summary = splits.summary
+  store_bytes = sum(
+    os.path.getsize(os.path.join(folder, name))
+    for folder, _, names in os.walk(summary["path"])
+    for name in names
+  )
+  print(
+    json.dumps(
+      {
+        "rows": summary["rows_read"],
+        "probes": summary["probes"],
+        "seconds": seconds,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime - cpu_start,
+        "peak_rss": usage.ru_maxrss * 1024,
+        "baseline_rss": baseline,
+        "store_bytes": store_bytes,
+      }
+    )
+  )
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rows", type=int, default=2_000_000, help="raw rows (default 2M)")
+  parser.add_argument("--shards", type=int, default=8, help="raw files (default 8)")
+  parser.add_argument("--data", help="folder for the raw files (reused if they match)")
+  parser.add_argument("--hashed", action="store_true", help="also store the hashed field order")
+  parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.child:
+    _child(*args.child, args.hashed)
+    return 0
+
+  from maxtext_netdata.data import generate  # noqa: PLC0415
+
+  with tempfile.TemporaryDirectory() as tmp:
+    data_dir = args.data or os.path.join(tmp, "raw")
+    marker = os.path.join(data_dir, generate.COMPLETE_MARKER)
+    wanted = {"rows": args.rows, "shards": args.shards, "seed": 0}
+    try:
+      with open(marker, encoding="utf-8") as f:
+        found = {k: v for k, v in json.load(f).items() if k in wanted}
+    except (OSError, ValueError):
+      found = None
+    if found != wanted:
+      print(f"generating {args.rows:,} rows in {args.shards} files ...", file=sys.stderr)
+      generate.generate(data_dir, rows=args.rows, shards=args.shards, seed=0)
+    raw_bytes = sum(
+      os.path.getsize(os.path.join(data_dir, n))
+      for n in os.listdir(data_dir)
+      if n.endswith(".parquet")
+    )
+    command = [sys.executable, __file__, "--child", data_dir, os.path.join(tmp, "prepared")]
+    if args.hashed:
+      command.append("--hashed")
+    result = subprocess.run(command, check=True, capture_output=True, text=True)
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+
+  rows = figures["rows"]
+  grown = figures["peak_rss"] - figures["baseline_rss"]
+  print(f"raw rows              {rows:,} in {args.shards} files, {raw_bytes / rows:.1f} bytes/row")
+  print(f"probes                {figures['probes']:,}")
+  print(
+    f"wall time             {figures['seconds']:.2f} s ({rows / figures['seconds']:,.0f} rows/s)"
+  )
+  print(
+    f"CPU time              {figures['cpu_seconds']:.2f} s"
+    f" ({rows / figures['cpu_seconds']:,.0f} rows per CPU-second = per core)"
+  )
+  print(
+    f"peak RSS              {figures['peak_rss'] / 2**20:,.0f} MiB"
+    f" ({grown / 2**20:,.0f} MiB above the imports: {grown / rows:.1f} bytes/row)"
+  )
+  print(f"store on disk         {figures['store_bytes'] / rows:.1f} bytes/row")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
