@@ -98,8 +98,8 @@ def check_host_batch(store, layout, batch: dict[str, np.ndarray], seq_len: int) 
   segment: decodes (tokenizer.decode) into whole measurements of ONE probe, each equal to its
   store row (`layout.store_row`: source, destination, RTT or failure, timestamp), the rows a
   contiguous run of the probe in one valid mode: full (time order, all timestamped), none (no
-  timestamps) or partial (some dropped, the timestamped ones in time order). Returns counts
-  of modes and the store rows used.
+  timestamps) or partial (some dropped, the timestamped ones in time order). Returns the
+  number of segments in each mode.
   """
   inputs = batch["inputs"]
   seg = batch["inputs_segmentation"]
