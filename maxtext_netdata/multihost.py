@@ -134,12 +134,21 @@ def initialize_distributed(
       file=sys.stderr,
       flush=True,
     )
-  jax.distributed.initialize(
-    coordinator_address=setup.coordinator_address,
-    num_processes=setup.num_processes,
-    process_id=setup.process_id,
-    initialization_timeout=timeout,
-  )
+  try:
+    jax.distributed.initialize(
+      coordinator_address=setup.coordinator_address,
+      num_processes=setup.num_processes,
+      process_id=setup.process_id,
+      initialization_timeout=timeout,
+    )
+  except ValueError as e:
+    if setup.num_processes is not None:
+      raise
+    # JAX's cluster detection found nothing to fill in: not a TPU VM, GKE, Slurm or MPI job.
+    raise ConfigError(
+      f"{ENV_NUM_PROCESSES}={AUTO}: JAX detected no cluster here ({e}); set"
+      f" {ENV_NUM_PROCESSES}, {ENV_PROCESS_ID} and {ENV_COORDINATOR_ADDRESS} instead"
+    ) from None
   return True
 
 

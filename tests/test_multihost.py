@@ -239,6 +239,23 @@ def test_rows_follow_the_sharding_when_the_mesh_interleaves_processes():
   assert {r["digest"] for r in reports} == {reports[0]["expected"]}
 
 
+def test_auto_without_a_cluster_is_a_one_line_error():
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_"))}
+  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), JAX_NUM_PROCESSES="auto")
+  result = subprocess.run(
+    [sys.executable, "-m", "maxtext_netdata.cli", "train", "configs/base.yml", "steps=1"],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=WORKER_TIMEOUT_S,
+  )
+  assert result.returncode == 2
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("maxtext-netdata train: error: JAX_NUM_PROCESSES=auto: JAX detected no")
+  assert "Traceback" not in result.stderr
+
+
 @pytest.mark.slow
 def test_unreachable_coordinator_fails_within_the_timeout_and_says_why():
   worker = (
