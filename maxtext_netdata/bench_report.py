@@ -30,15 +30,16 @@ BOTTLENECK = "loading_bottleneck"
 STARVED = "loading_starved_in_training"
 FORCED_SYNC = "forced_synchronization_suspected"
 
+# What to try when loading is too slow, by its slowest stage (bench.measure_stages).
 STAGE_ADVICE = {
   "read": "reading the store is slowest: keep the prepared store on local disk (run"
   " `maxtext-netdata prepare` offline, set network_prepared_dir to a local SSD path)",
-  "build": "building sequences is slowest: it is CPU work that scales with grain_worker_count;"
-  " more host cores or more workers",
-  "batch": "batching and ShiftData are slowest: raise grain_per_worker_buffer_size so workers"
-  " batch ahead, and keep the batch in one process (fewer, bigger workers)",
-  "device": "moving batches to the device is slowest: raise grain_prefetch_buffer_size so the"
-  " copy overlaps the step",
+  "build": "building sequences is slowest: it is CPU work that scales with worker processes;"
+  " a host with more CPU cores per accelerator",
+  "batch": "ShiftData, which runs in the training process after the workers, is slowest: that"
+  " process is the limit, so give it a core of its own rather than adding workers",
+  "device": "moving batches to the device is slowest: check the host-to-device link (PCIe,"
+  " NUMA placement) and never block on a batch before its step, so the copy overlaps compute",
 }
 
 
