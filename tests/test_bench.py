@@ -346,3 +346,17 @@ def test_bench_on_two_devices_loads_the_whole_global_batch(tmp_path, raw_files):
   assert report["host"]["devices"] == 2
   assert report["batch"]["sequences"] == 2 * 8
   assert report["accelerator"]["devices"] == 2
+
+
+def test_bench_loader_slower_than_target_is_the_bottleneck(tmp_path, raw_files, capsys):
+  args = ("grain_worker_count=0", "--steps=0", "--batches=3", "--target-step-time=0.00001")
+  assert _bench(tmp_path, raw_files, *args) == 0
+  report = _read_report(tmp_path / "smoke" / "bench" / "report.json")
+  assert report["verdict"]["kind"] == bench_report.BOTTLENECK
+  # 0 workers on a host with more cores: start workers; on one core: the slowest stage's fix.
+  if report["host"]["cpu_cores"] > 1:
+    expected = "raise grain_worker_count (now 0"
+  else:
+    expected = bench_report.STAGE_ADVICE[report["stages"]["slowest"]]
+  assert expected in report["verdict"]["text"]
+  assert report["verdict"]["text"] in capsys.readouterr().out
