@@ -118,7 +118,7 @@ class _World:
     slow = rng.random(n_hosts) < 0.04
     self.access_ms[slow] += rng.uniform(20, 600, slow.sum())
     self.access_ms[self.n_probes :] *= 0.2  # destinations are mostly servers
-    # Probe lifetimes: most run all day; some appear only briefly (short probes).
+    # Probe lifetimes: most run the whole span; some appear only briefly (short probes).
     self.alive_from = np.zeros(self.n_probes)
     self.alive_to = np.full(self.n_probes, float(SPAN_SECONDS))
     short = rng.random(self.n_probes) < 0.2
@@ -171,7 +171,8 @@ class _World:
     return stream, self.first[stream] + k * self.interval[stream]
 
 
-def _shard_table(world: _World, stream: np.ndarray, when: np.ndarray, rng) -> pa.Table:
+def _piece_table(world: _World, stream: np.ndarray, when: np.ndarray, rng) -> pa.Table:
+  """The rows of the pings (stream, time) in time order: RTTs, failures, address text."""
   n = len(stream)
   order = np.argsort(when)
   stream, seconds = stream[order], np.floor(when[order]).astype(np.int64)
@@ -262,7 +263,7 @@ def generate(
         wanted = rows * (piece + 1) // pieces - rows * piece // pieces + carried
         keep = np.sort(rng.choice(len(stream), min(wanted, len(stream)), replace=False))
         carried = wanted - len(keep)
-        table = _shard_table(world, stream[keep], when[keep], rng)
+        table = _piece_table(world, stream[keep], when[keep], rng)
         if writer is None:
           writer = pq.ParquetWriter(tmp, table.schema)
         writer.write_table(table, row_group_size=ROW_GROUP_SIZE)
