@@ -18,29 +18,59 @@ from maxtext_netdata.data.errors import DataError
 ADDRESS_BYTES = 16
 
 
+def _parse_one(text: str | None) -> tuple[bytes, int]:
+  """(16 bytes, family: 4, 6, 0 if unparsable, -1 if empty) of one address text."""
+  if not text:
+    return bytes(16), -1  # empty: valid for either version, all-zero address
+  # The family is told by the text's shape; IPv4-in-IPv6 ("::ffff:1.2.3.4") has a colon.
+  try:
+    if ":" in text:
+      return socket.inet_pton(socket.AF_INET6, text), 6
+    return socket.inet_pton(socket.AF_INET, text) + bytes(12), 4
+  except (OSError, ValueError):
+    return bytes(16), 0
+
+
 def _parse_unique(texts: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
-  """Bytes [U, 16] and family [U] (4, 6, or 0 for unparsable) of distinct address texts."""
-  family = np.zeros(len(texts), dtype=np.int8)
-  packed = []
-  inet_pton, af_inet, af_inet6 = socket.inet_pton, socket.AF_INET, socket.AF_INET6
-  ipv4_padding, zero = bytes(12), bytes(16)
-  for i, text in enumerate(texts):
-    if not text:
-      family[i] = -1  # empty: valid for either version, all-zero address
-      packed.append(zero)
-      continue
-    # The family is tried by the text's shape; IPv4-in-IPv6 ("::ffff:1.2.3.4") has a colon.
-    try:
-      if ":" in text:
-        packed.append(inet_pton(af_inet6, text))
-        family[i] = 6
-      else:
-        packed.append(inet_pton(af_inet, text) + ipv4_padding)
-        family[i] = 4
-    except (OSError, ValueError):
-      packed.append(zero)
-  out = np.frombuffer(b"".join(packed), dtype=np.uint8).reshape(len(texts), ADDRESS_BYTES)
-  return out.copy(), family
+  """Bytes [U, 16] and family [U] (4, 6, 0 for unparsable, -1 for empty) of address texts."""
+  parsed = [_parse_one(text) for text in texts]
+  out = np.frombuffer(b"".join(p[0] for p in parsed), dtype=np.uint8)
+  return out.reshape(len(texts), ADDRESS_BYTES).copy(), np.array([p[1] for p in parsed], np.int8)
+
+
+class _ParsedAddresses:
+  """Addresses parsed so far in this process, looked up by Arrow's hash join.
+
+  A dump's few distinct addresses (~175k in 200M rows) recur in every row group, so each is
+  parsed once; a row group's dictionary is then matched in C++, not Python per entry. Reset
+  when it holds `limit` addresses, which bounds its memory.
+  """
+
+  def __init__(self, limit: int = 1_000_000):
+    self.limit = limit
+    self.texts = pa.array([], pa.string())
+    self.bytes = np.zeros((0, ADDRESS_BYTES), np.uint8)
+    self.family = np.zeros(0, np.int8)
+
+  def lookup(self, dictionary: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes [U, 16] and family [U] of each entry of a string array (nulls as empty)."""
+    dictionary = dictionary.fill_null("")
+    found = pc.index_in(dictionary, value_set=self.texts)
+    if found.null_count:
+      if len(self.texts) + found.null_count > self.limit:
+        self.__init__(self.limit)
+        return self.lookup(dictionary)
+      new = pc.unique(dictionary.filter(found.is_null()))
+      new_bytes, new_family = _parse_unique(new.to_pylist())
+      self.texts = pa.concat_arrays([self.texts, new])
+      self.bytes = np.concatenate([self.bytes, new_bytes])
+      self.family = np.concatenate([self.family, new_family])
+      found = pc.index_in(dictionary, value_set=self.texts)
+    index = found.to_numpy(zero_copy_only=False)
+    return self.bytes[index], self.family[index]
+
+
+_PARSED = _ParsedAddresses()
 
 
 def _as_string_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -80,8 +110,7 @@ def parse_addresses(
   else:
     raise DataError(f"{source}: column {column_name!r} has type {array.type}, expected string")
   indices = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-  texts = encoded.dictionary.to_pylist()
-  unique_bytes, unique_family = _parse_unique(texts)
+  unique_bytes, unique_family = _PARSED.lookup(encoded.dictionary)
   # Row -1 (null) maps to an extra all-zero, either-version entry.
   unique_bytes = np.concatenate([unique_bytes, np.zeros((1, ADDRESS_BYTES), np.uint8)])
   unique_family = np.concatenate([unique_family, np.array([-1], np.int8)])

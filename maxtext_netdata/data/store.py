@@ -227,7 +227,7 @@ class ProbeRowsBuilder:
     self.failed = np.empty(capacity, dtype=np.bool_)
     self.rtt_ms = np.empty(capacity, dtype=np.float32)
     self.hashed_order = np.empty((capacity, 2), dtype=np.uint8) if hashed else None
-    self._probe_ids: dict[bytes, int] = {}
+    self._probe_keys = pa.array([], pa.binary(17))  # (version, address) of each probe id
 
   def add(self, columns: schema.RawColumns) -> None:
     """Append one chunk of validated rows."""
@@ -253,16 +253,14 @@ class ProbeRowsBuilder:
     keys = np.empty((n, 17), dtype=np.uint8)
     keys[:, 0] = version
     keys[:, 1:] = src
-    # Arrow's hash-based dictionary encoding of 17-byte values: one pass, no sort.
-    encoded = pc.dictionary_encode(
-      pa.Array.from_buffers(pa.binary(17), n, [None, pa.py_buffer(keys)])
-    )
-    local = encoded.indices.to_numpy(zero_copy_only=False)
-    ids = self._probe_ids
-    mapping = np.array(
-      [ids.setdefault(key, len(ids)) for key in encoded.dictionary.to_pylist()], dtype=np.int32
-    )
-    return mapping[local]
+    # Arrow's hash lookup of 17-byte values: one pass in C++, no sort, no Python per row.
+    rows = pa.Array.from_buffers(pa.binary(17), n, [None, pa.py_buffer(keys)])
+    found = pc.index_in(rows, value_set=self._probe_keys)
+    if found.null_count:
+      new = pc.unique(rows.filter(found.is_null()))
+      self._probe_keys = pa.concat_arrays([self._probe_keys, new])
+      found = pc.index_in(rows, value_set=self._probe_keys)
+    return found.to_numpy(zero_copy_only=False).astype(np.int32)
 
   def finish(self) -> ProbeRows:
     """The rows grouped by probe (ordered by version, address), time-sorted within a probe.
@@ -270,7 +268,9 @@ class ProbeRowsBuilder:
     Call once: each column is released as soon as its sorted copy exists.
     """
     n = self.size
-    keys = np.frombuffer(b"".join(self._probe_ids), dtype=np.uint8).reshape(-1, 17)
+    known = self._probe_keys
+    keys = np.frombuffer(known.buffers()[1], dtype=np.uint8)
+    keys = keys[known.offset * 17 : (known.offset + len(known)) * 17].reshape(-1, 17)
     probe_order = np.lexsort(keys.T[::-1])  # bytewise: version, then address
     rank = np.empty(len(probe_order), dtype=np.int32)
     rank[probe_order] = np.arange(len(probe_order), dtype=np.int32)
