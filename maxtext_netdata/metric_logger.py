@@ -20,6 +20,7 @@ that step.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -47,12 +48,15 @@ class MetricLogger:
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     self.metrics_path = run_dir / "metrics.jsonl"
+    # In a multi-process run every process computes the same values; process 0 alone writes
+    # the files, which would otherwise have several writers in one shared run directory.
+    writes_files = jax.process_index() == 0
     kept = _records_before(self.metrics_path, start_step) if start_step > 0 else []
-    self._jsonl = open(self.metrics_path, "w", encoding="utf-8")
+    self._jsonl = open(self.metrics_path if writes_files else os.devnull, "w", encoding="utf-8")
     self._jsonl.writelines(kept)
     self.tensorboard_dir: Path | None = None
     self._tensorboard = None
-    if config.enable_tensorboard:
+    if config.enable_tensorboard and writes_files:
       from tensorboardX import SummaryWriter  # heavy import, only when used
 
       self.tensorboard_dir = run_dir / "tensorboard"
