@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shared by launch_tpu_vm.sh and launch_gpu_vm.sh (sourced, not run): argument checks, the
-# repository archive shipped to hosts, and the script each host runs.
+# repository archive shipped to hosts, and the command each host runs.
 
 # Each host gets the tree under this directory of its home, the archive beside it.
 REMOTE_DIR="maxtext_netdata"
