@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,11 +58,23 @@ def run_processes(
         start_new_session=True,
       )
     )
+  deadline = time.monotonic() + WORKER_TIMEOUT_S
   results = []
   try:
     for proc in procs:
-      out, err = proc.communicate(timeout=WORKER_TIMEOUT_S)
+      remaining = max(1.0, deadline - time.monotonic())
+      out, err = proc.communicate(timeout=remaining)
       results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+  except subprocess.TimeoutExpired:
+    for proc in procs[len(results) :]:
+      if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    tails = [
+      f"process {i}:\n{proc.communicate()[1][-2000:]}"
+      for i, proc in enumerate(procs)
+      if i >= len(results)
+    ]
+    pytest.fail(f"processes still running after {WORKER_TIMEOUT_S} s:\n" + "\n".join(tails))
   finally:
     for proc in procs:
       if proc.poll() is None:
