@@ -268,7 +268,9 @@ def measure_stages(cfg: Config, device_mesh, batches: int) -> dict:
 def train_and_read_metrics(cfg: Config, steps: int, run_dir: Path, **overrides) -> dict:
   """Trains `steps + WARMUP_STEPS` steps into `run_dir` and summarizes its metrics.jsonl.
 
-  No checkpoints, eval or TensorBoard: they are not part of the step being measured.
+  The loop is the configured one (logging, TensorBoard) but without eval, which is no step
+  time, and without checkpoints: they are saved asynchronously, and a run must not resume
+  from one a previous bench left behind.
   """
   from maxtext_netdata import train
 
@@ -278,7 +280,6 @@ def train_and_read_metrics(cfg: Config, steps: int, run_dir: Path, **overrides) 
     run_name=run_dir.name,
     network_prepared_dir=cfg.prepared_dir,
     enable_checkpointing=False,
-    enable_tensorboard=False,
     eval_interval=-1,
     **overrides,
   )

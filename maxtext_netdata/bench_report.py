@@ -18,8 +18,9 @@ import numpy as np
 
 # Real steps this much slower than the reference step are "slower".
 SLOWDOWN_TOLERANCE = 1.10
-# A step spending this share of its time waiting for data is starved by the loader.
-DATA_WAIT_SHARE = 0.10
+# Slower real steps whose data wait accounts for this share of the extra time are starved by
+# the loader; with less, the time is lost elsewhere in the loop.
+WAIT_EXPLAINS_SHARE = 0.5
 # Headroom a worker count must leave under the target step to be recommended.
 SWEEP_HEADROOM = 1.2
 # Without a target, the smallest worker count this close to the fastest is recommended.
@@ -222,19 +223,21 @@ def decide(
     f"real-data steps take {_ms(real_step)}, {slowdown:.2f}x the {_ms(reference_step_s)}"
     f" reference step"
   )
-  if wait >= DATA_WAIT_SHARE * real_step:
+  if wait >= WAIT_EXPLAINS_SHARE * (real_step - reference_step_s):
     return {
       "kind": STARVED,
       "text": f"Loading is fast alone but starved in training: {loading_words}; yet"
-      f" {slower} and wait {_ms(wait)} for data. Training and loading compete for the host"
-      " (CPU threads of the step, memory bandwidth) or the prefetch is too shallow: give the"
-      " loader dedicated cores (fewer XLA host threads), raise grain_per_worker_buffer_size"
-      " and grain_prefetch_buffer_size.",
+      f" {slower}, and waiting {_ms(wait)} for data is most of the difference. Training and"
+      " loading compete for the host (CPU threads of the step, memory bandwidth) or the"
+      " prefetch is too shallow: give the loader dedicated cores (fewer XLA host threads),"
+      " raise grain_per_worker_buffer_size and grain_prefetch_buffer_size. A loop that waits"
+      " for the device every step also stops loading from overlapping the step.",
     }
   return {
     "kind": FORCED_SYNC,
     "text": f"Forced synchronization suspected: loading is fast ({_ms(batch_s)} per batch,"
-    f" {ratio:.1f}x under the step) and steps wait only {_ms(wait)} for data, yet {slower}."
+    f" {ratio:.1f}x under the step), yet {slower}, and waiting for data ({_ms(wait)})"
+    " explains little of it."
     " Something in the loop makes the host wait for the device each step: host reads of"
     " device values (print(loss), float(metric), .item(), np.asarray on a jax.Array),"
     " jax.device_get or block_until_ready in the loop, blocking checkpoint saves, or"

@@ -58,7 +58,7 @@ def test_fast_loader_slow_real_steps_suspects_forced_synchronization():
     0.100, "synthetic", _loading(0.010), _training(0.180, 0.001), 0.100, "knob"
   )
   assert verdict["kind"] == bench_report.FORCED_SYNC
-  assert "1.80x" in verdict["text"]
+  assert "1.80x" in verdict["text"] and "explains little" in verdict["text"]
   assert "print(loss)" in verdict["text"] and "jax.device_get" in verdict["text"]
 
 
