@@ -337,8 +337,9 @@ def format_summary(summary: dict) -> str:
     f"rows      {summary['rows']:,} of {summary['rows_read']:,} read, "
     f"{summary['probes']:,} probes, {summary['failed_share']:.1%} failed",
   ]
-  for name, c in splits.items():
-    lines.append(f"{name:<9} {c['rows']:,} rows, {c['probes']:,} probes")
+  for name in ("train", "test", "eval"):
+    if name in splits:
+      lines.append(f"{name:<9} {splits[name]['rows']:,} rows, {splits[name]['probes']:,} probes")
   if summary["skipped"]:
     reasons = ", ".join(f"{reason}: {n:,}" for reason, n in sorted(summary["skipped"].items()))
     lines.append(f"skipped   {summary['skipped_rows']:,} rows ({reasons})")
