@@ -15,6 +15,7 @@ from train_helpers import IndexedBatches
 from maxtext_netdata import config, train
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.data.errors import DataError
+from maxtext_netdata.input_pipeline import create_data_iterator
 from maxtext_netdata.mesh import make_mesh
 
 TINY_MODEL = [
@@ -48,27 +49,40 @@ def _config(tmp_path, *overrides):
   )
 
 
-class DigestingBatches(IndexedBatches):
-  """Records a sha256 of every batch it hands out (all six arrays, in key order)."""
+class Digesting:
+  """Passes batches through, recording a sha256 of each (all six arrays, in key order)."""
 
-  def __init__(self, cfg, mesh, digests):
-    super().__init__(cfg, mesh)
+  def __init__(self, iterator, digests):
+    self._iterator = iterator
     self._digests = digests
 
+  def __iter__(self):
+    return self
+
   def __next__(self):
-    batch = super().__next__()
+    batch = next(self._iterator)
     h = hashlib.sha256()
     for key in sorted(batch):
       h.update(np.asarray(jax.device_get(batch[key])).tobytes())
     self._digests.append(h.hexdigest())
     return batch
 
+  def get_state(self):
+    return self._iterator.get_state()
+
+  def set_state(self, state):
+    self._iterator.set_state(state)
+
+  def close(self):
+    if hasattr(self._iterator, "close"):
+      self._iterator.close()
+
 
 def _run(cfg, digests=None):
   mesh = make_mesh(cfg)
-  batches = (
-    DigestingBatches(cfg, mesh, digests) if digests is not None else IndexedBatches(cfg, mesh)
-  )
+  batches = IndexedBatches(cfg, mesh)
+  if digests is not None:
+    batches = Digesting(batches, digests)
   return train.train(cfg, (batches, IndexedBatches(cfg, mesh, seed=1)))
 
 
@@ -103,6 +117,31 @@ def test_resumed_run_sees_the_same_batches_and_losses(tmp_path):
   assert resumed_digests == whole_digests
   assert len(set(whole_digests)) == 8
   assert _losses(resumed) == _losses(whole)  # bit-identical on CPU, every step
+
+
+@pytest.mark.slow
+def test_resume_with_the_network_grain_pipeline(tmp_path, sample_dir):
+  common = [
+    "dataset_type=network_grain",
+    f"grain_train_files={sample_dir}/*.parquet",
+    f"network_prepared_dir={tmp_path}/prepared",
+    "grain_worker_count=1",
+    "learning_rate_schedule_steps=6",
+    "checkpoint_period=3",
+    "enable_tensorboard=false",
+  ]
+
+  def run(run_name, steps, digests):
+    cfg = _config(tmp_path, f"run_name={run_name}", f"steps={steps}", *common)
+    train_iter, eval_iter = create_data_iterator(cfg, make_mesh(cfg))
+    return train.train(cfg, (Digesting(train_iter, digests), eval_iter))
+
+  whole_digests, resumed_digests = [], []
+  whole = run("whole", 6, whole_digests)
+  run("resumed", 3, resumed_digests)
+  resumed = run("resumed", 6, resumed_digests)
+  assert resumed_digests == whole_digests and len(set(whole_digests)) == 6
+  assert _losses(resumed) == _losses(whole)
 
 
 def test_short_sequences_and_missing_files_fail_before_compiling(tmp_path):
