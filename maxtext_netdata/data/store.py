@@ -303,18 +303,23 @@ class ProbeRowsBuilder:
     n = len(probe)
     if n == 0:
       return np.zeros(0, dtype=np.int64)
-    span = int(seconds.max()) - int(seconds.min())
-    if int(probe.max()) < 2**29 and span < 2**34:
-      combined = (probe.astype(np.uint64) << np.uint64(34)) | (seconds - seconds.min()).astype(
-        np.uint64
-      )
-      perm = np.argsort(combined)
-      sorted_key = combined[perm]
-      tie = sorted_key[1:] == sorted_key[:-1]
-      del combined, sorted_key
-    else:
-      perm = np.lexsort((seconds, probe))
-      tie = (probe[perm[1:]] == probe[perm[:-1]]) & (seconds[perm[1:]] == seconds[perm[:-1]])
+    # Dumps are sorted by time and listed in time order, so a stable sort by probe alone
+    # usually leaves each probe's rows in time order; numpy radix-sorts 16-bit keys.
+    small = probe.astype(np.uint16) if int(probe.max()) < 2**16 else probe
+    perm = np.argsort(small, kind="stable")
+    del small
+    tie = self._ties(probe, seconds, perm)
+    if tie is None:  # not time-ordered within a probe: sort by (probe, seconds)
+      span = int(seconds.max()) - int(seconds.min())
+      if int(probe.max()) < 2**29 and span < 2**34:
+        key = (probe.astype(np.uint64) << np.uint64(34)) | (seconds - seconds.min()).astype(
+          np.uint64
+        )
+        perm = np.argsort(key)
+        del key
+      else:
+        perm = np.lexsort((seconds, probe))
+      tie = self._ties(probe, seconds, perm)
     if not tie.any():
       return perm
     in_tie = np.zeros(n, dtype=bool)
@@ -329,3 +334,15 @@ class ProbeRowsBuilder:
       content = [self.hashed_order[rows, 1], self.hashed_order[rows, 0], *content]
     perm[where] = rows[np.lexsort((*content, run))]
     return perm
+
+  @staticmethod
+  def _ties(probe: np.ndarray, seconds: np.ndarray, perm: np.ndarray) -> np.ndarray | None:
+    """bool [N-1]: row i+1 of `perm` has the same (probe, seconds) as row i; None if `perm`
+    is not sorted by (probe, seconds)."""
+    same_probe = probe[perm]
+    same_probe = same_probe[1:] == same_probe[:-1]
+    step = seconds[perm]
+    step = np.diff(step)
+    if (step[same_probe] < 0).any():
+      return None
+    return same_probe & (step == 0)
