@@ -328,10 +328,10 @@ class ProbeRowsBuilder:
     where = np.flatnonzero(in_tie)
     run = np.cumsum(~np.concatenate([[False], tie])[where])  # one id per run of equal keys
     rows = perm[where]
-    dst = self.dst[rows].view(">u8")
+    dst = take_rows(self.dst, rows).view(">u8")
     content = [dst[:, 1], dst[:, 0], self.rtt_ms[rows].view(np.uint32)]
     if self.hashed_order is not None:
-      content = [self.hashed_order[rows, 1], self.hashed_order[rows, 0], *content]
+      content = [take_rows(self.hashed_order, rows).view(np.uint16)[:, 0], *content]
     perm[where] = rows[np.lexsort((*content, run))]
     return perm
 
