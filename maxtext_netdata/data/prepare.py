@@ -150,7 +150,7 @@ def _test_rows(config, rows: store.ProbeRows) -> np.ndarray:
   return np.repeat(test_probe, np.diff(rows.probe_offsets))
 
 
-_BATCH_ROWS = 1 << 20  # rows decoded at a time: bounds memory whatever the row-group size
+_BATCH_ROWS = 1 << 18  # rows decoded at a time: bounds memory whatever the row-group size
 
 
 @dataclasses.dataclass
@@ -214,6 +214,26 @@ def _tables(entry: remote.FileEntry, metadata, options: remote.StorageOptions):
       raise DataError(f"{entry.uri}: corrupt parquet data at row {row} ({_one_line(e)})") from None
 
 
+def _coalesced(tables):
+  """(table, first row) of about `_BATCH_ROWS` rows each, joined from consecutive tables.
+
+  Each parquet row group comes with its own dictionaries; joining small row groups (and
+  unifying their dictionaries, which Arrow does in C++) keeps the fixed cost per table off
+  files written with small row groups.
+  """
+  pending, pending_rows, first = [], 0, 0
+  for table, first_row in tables:
+    if not pending:
+      first = first_row
+    pending.append(table)
+    pending_rows += table.num_rows
+    if pending_rows >= _BATCH_ROWS:
+      yield pa.concat_tables(pending).combine_chunks(), first
+      pending, pending_rows = [], 0
+  if pending:
+    yield pa.concat_tables(pending).combine_chunks(), first
+
+
 def _read(files, options, *, label: str, hashed: bool, skip_bad: bool, progress) -> tuple:
   """All valid rows of `files` grouped by probe: (store.ProbeRows, _ReadReport)."""
   metadata = []
@@ -224,7 +244,7 @@ def _read(files, options, *, label: str, hashed: bool, skip_bad: bool, progress)
   builder = store.ProbeRowsBuilder(sum(m.num_rows for m in metadata), hashed=hashed)
   report = _ReadReport()
   for done, (entry, file_metadata) in enumerate(zip(files, metadata, strict=True)):
-    for table, first_row in _tables(entry, file_metadata, options):
+    for table, first_row in _coalesced(_tables(entry, file_metadata, options)):
       columns, skipped = schema.validate_table(
         table, source=entry.uri, row_offset=first_row, skip_bad=skip_bad
       )
