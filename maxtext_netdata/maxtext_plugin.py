@@ -75,7 +75,7 @@ _REQUIRED = (
 
 
 class MaxTextPluginError(UserError):
-  """The installed MaxText cannot take the plugin, or its config cannot feed our pipeline."""
+  """The installed MaxText cannot take the plugin, or a MaxText config it cannot use."""
 
 
 def _maxtext_version() -> str:
@@ -332,9 +332,20 @@ def _make_buffer_and_write_metrics(original):
 
 
 def _default_config_class(original, config_class):
+  """`original` with `config_class` as default; MaxText's unknown-key error made one line."""
+
   @functools.wraps(original)
   def initialize(argv=None, config_class=config_class, **kwargs):
-    return original(argv, config_class=config_class, **kwargs)
+    try:
+      return original(argv, config_class=config_class, **kwargs)
+    except ValueError as e:
+      # MaxText lists all of its ~1000 keys after the unknown one; name the closest instead.
+      unknown = re.match(r"'(\w+)' not in ", str(e))
+      if unknown is None:
+        raise
+      raise MaxTextPluginError(
+        netdata_config.unknown_key_message(unknown[1], config_class.model_fields, "MaxText config")
+      ) from None
 
   return initialize
 

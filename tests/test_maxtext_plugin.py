@@ -157,7 +157,10 @@ def test_maxtext_config_admits_network_grain_and_network_keys(data_overrides):
 
 
 def test_maxtext_rejects_unknown_network_key():
-  with pytest.raises(ValueError, match=r"^'network_test_fractoin' not in "):
+  with pytest.raises(
+    maxtext_plugin.MaxTextPluginError,
+    match=r"unknown config key 'network_test_fractoin'; did you mean 'network_test_fraction'\?",
+  ):
     _maxtext_config("network_test_fractoin=0.2")
 
 
