@@ -48,6 +48,7 @@ class PreparedSplits:
 
 # Config keys whose value changes the store's content.
 _CONTENT_KEYS = ("network_split", "network_test_fraction", "network_skip_bad_rows")
+_BATCH_ROWS = 1 << 18  # rows validated at a time: bounds memory whatever the row-group size
 
 
 def _hashed(config) -> bool:
@@ -148,9 +149,6 @@ def _test_rows(config, rows: store.ProbeRows) -> np.ndarray:
     return rows.seconds >= cutoff
   test_probe = _stable_fraction(rows.probe_version, rows.probe_src) < fraction
   return np.repeat(test_probe, np.diff(rows.probe_offsets))
-
-
-_BATCH_ROWS = 1 << 18  # rows decoded at a time: bounds memory whatever the row-group size
 
 
 @dataclasses.dataclass
