@@ -193,3 +193,23 @@ def test_unsupported_maxtext_version_is_named(monkeypatch):
     maxtext_plugin.MaxTextPluginError, match=r"maxtext 0.1.9 is installed.*>=0.2.5,<0.3"
   ):
     maxtext_plugin._modules()
+
+
+def test_eval_iterator_serves_the_test_split_again_at_every_eval(data_overrides):
+  from maxtext.input_pipeline import input_pipeline_interface  # noqa: PLC0415
+  from maxtext.utils import maxtext_utils  # noqa: PLC0415
+
+  config = _maxtext_config(*TINY, *data_overrides, "eval_interval=2", "eval_steps=2")
+  mesh = maxtext_utils.get_mesh_from_config(config)
+  train, evaluation = input_pipeline_interface.create_data_iterator(config, mesh)
+  try:
+    first = [np.asarray(batch["inputs"]) for batch in evaluation]
+    second = [np.asarray(batch["inputs"]) for batch in evaluation]
+    train_batches = [np.asarray(next(train)["inputs"]) for _ in range(2)]
+  finally:
+    train.close()
+    evaluation.close()
+  assert len(first) == 2
+  assert all(a.shape == (4, 128) for a in first)
+  np.testing.assert_array_equal(first, second)
+  assert not any(np.array_equal(a, b) for a in first for b in train_batches)
