@@ -253,6 +253,7 @@ def _read(files, options, *, label: str, hashed: bool, skip_bad: bool, progress)
     progress(done + 1, len(files), report.rows_read)
   if builder.size == 0:
     raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
+  progress.stage(f"grouping {builder.size:,} rows by probe and sorting")
   return builder.finish(), report
 
 
@@ -268,6 +269,7 @@ def _build(config, options, train_files, eval_files, tmp: str, fp: str, progress
 
   rows, report = _read(train_files, options, label=config.grain_train_files, **read_options)
   test = _test_rows(config, rows)
+  read_options["progress"].stage("writing the train and test splits")
   counts = {
     "train": rows.write(os.path.join(tmp, "train"), {**meta, "split": "train"}, ~test),
     "test": rows.write(os.path.join(tmp, "test"), {**meta, "split": "test"}, test),
@@ -328,6 +330,7 @@ class _Progress:
     self.start = time.perf_counter()
     self.last = 0.0
     self.shown = False
+    self.width = 0  # of the longest line so far, so that a shorter one covers it
 
   def __call__(self, files_done: int, files_total: int, rows: int) -> None:
     now = time.perf_counter()
@@ -335,15 +338,24 @@ class _Progress:
       return
     self.last = now
     rate = rows / max(now - self.start, 1e-9)
-    sys.stderr.write(
-      f"\rprepare: files {files_done}/{files_total}  rows {rows:,}  {rate / 1e6:.2f}M rows/s "
-    )
+    line = f"prepare: files {files_done}/{files_total}  rows {rows:,}  {rate / 1e6:.2f}M rows/s"
+    self.width = max(self.width, len(line))
+    sys.stderr.write("\r" + line.ljust(self.width))
     sys.stderr.flush()
     self.shown = True
 
+  def stage(self, text: str) -> None:
+    """Show a step that has no row count (sorting, writing) after the last count."""
+    if self.enabled:
+      line = f"prepare: {text} ..."
+      self.width = max(self.width, len(line))
+      sys.stderr.write("\r" + line.ljust(self.width))
+      sys.stderr.flush()
+      self.shown = True
+
   def close(self) -> None:
     if self.shown:
-      sys.stderr.write("\n")
+      sys.stderr.write("\r" + "prepare: done".ljust(self.width) + "\n")
       sys.stderr.flush()
 
 
