@@ -176,8 +176,6 @@ def network_config(maxtext_config) -> netdata_config.Config:
   values["grain_prefetch_buffer_size"] = max(
     1, math.ceil(maxtext_config.grain_prefetch_buffer_size / batch)
   )
-  if maxtext_config.eval_steps > 0:
-    values["eval_steps"] = maxtext_config.eval_steps
   return netdata_config.load(None).replace(**values)
 
 
@@ -256,19 +254,19 @@ def _make_create_data_iterator(interface, original, iterator_class):
         config.data_sharding, batch_size, batch_size, config.max_target_length, mesh
       )
 
-      def make(config_, mesh_, process_indices):
+      def make(_, host_mesh, process_indices):
         lo, hi = multihost.process_row_range(
           batch_size, process_indices.index(jax.process_index()), len(process_indices)
         )
         if is_training:
           builder = BatchBuilder.from_config(ours, store, batch_size)
           batches = _HostBatches(ours, builder, lo, hi, builder.num_steps)
-          return iterator_class(batches, mesh_, _TRAIN_FEED)
+          return iterator_class(batches, host_mesh, _TRAIN_FEED)
         builder = BatchBuilder.from_config(ours, store, batch_size, num_epoch=1)
         steps = builder.steps_per_epoch
         if config.eval_steps > 0:
           steps = min(steps, config.eval_steps)
-        return iterator_class(_HostBatches(ours, builder, lo, hi, steps), mesh_, None)
+        return iterator_class(_HostBatches(ours, builder, lo, hi, steps), host_mesh, None)
 
       return interface.create_process_specific_iterator(
         config, mesh, processes, make, is_training=is_training

@@ -142,7 +142,6 @@ def test_maxtext_config_admits_network_grain_and_network_keys(data_overrides):
     "network_test_fraction=0.25",
     "grain_prefetch_buffer_size=100",
     "per_device_batch_size=16",
-    "eval_steps=3",
   )
   assert config.dataset_type == "network_grain"
   ours = maxtext_plugin.network_config(config)
@@ -152,7 +151,6 @@ def test_maxtext_config_admits_network_grain_and_network_keys(data_overrides):
   assert ours.max_target_length == config.max_target_length == 256
   assert ours.global_batch_size_to_load == config.global_batch_size_to_load == 16
   assert ours.grain_prefetch_buffer_size == 7  # 100 examples in batches of 16
-  assert ours.eval_steps == 3
   assert ours.grain_train_files == config.grain_train_files
 
 
