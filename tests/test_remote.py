@@ -3,6 +3,7 @@
 import http.client
 import http.server
 import os
+import socket
 import threading
 
 import boto3
@@ -239,3 +240,21 @@ def test_retries_back_off_on_transient_errors_only():
   with pytest.raises(DataError, match="s3://b/k: cannot read: no such file"):
     remote.with_retries(missing, uri="s3://b/k", what="read", options=options)
   assert len(calls) == 1
+
+
+def test_unreachable_gcs_endpoint_fails_in_seconds_naming_the_uri(tmp_path, monkeypatch):
+  with socket.socket() as closed:  # a port nothing listens on
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+  cfg = config.load(
+    None,
+    [
+      "grain_train_files=gs://pings/raw/x.parquet",
+      f"network_prepared_dir={tmp_path}",
+      "network_remote_retries=2",
+      "network_remote_backoff_s=0.01",
+    ],
+  )
+  with pytest.raises(DataError, match="gs://pings/raw/x.parquet: cannot look up after 2 attempts"):
+    prepare.prepare(cfg, progress=False)

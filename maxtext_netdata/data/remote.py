@@ -17,6 +17,7 @@ Configuration (see `StorageOptions.from_config`):
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import re
 import time
@@ -138,12 +139,15 @@ def _make_filesystem(scheme: str, options: StorageOptions) -> pafs.FileSystem:
       if options.s3_region:
         kwargs["region"] = options.s3_region
       return pafs.S3FileSystem(**kwargs)
+    # The GCS client retries for up to 15 minutes by default; a short window leaves the
+    # policy to StorageOptions, as for S3.
+    gcs_kwargs = {"retry_time_limit": datetime.timedelta(seconds=1)}
     if options.gcs_emulator:
       endpoint_scheme, endpoint = _split_endpoint(options.gcs_emulator)
-      return pafs.GcsFileSystem(
+      gcs_kwargs.update(
         anonymous=True, endpoint_override=endpoint, scheme=endpoint_scheme or "http"
       )
-    return pafs.GcsFileSystem()
+    return pafs.GcsFileSystem(**gcs_kwargs)
   except (OSError, pa.ArrowException) as e:
     raise DataError(f"{scheme}://: cannot set up storage access ({e})") from None
 
