@@ -227,6 +227,10 @@ def train(
       print(f"train: resumed from {checkpointing.checkpoint_dir(config)}/{start_step}")
     else:
       state = trainer.init_state(jax.random.key(0))
+    if start_step >= config.steps:
+      print(f"train: {config.run_dir} already holds all {config.steps} steps; nothing to do")
+    if config.eval_interval > 0 and eval_iter is None:
+      print(f"train: dataset_type={config.dataset_type} has no eval data; no eval runs")
     eval_start = eval_iter.get_state() if eval_iter is not None else None
     rtt_log_probs = _rtt_baseline(config) if eval_iter is not None else None
     logger = MetricLogger(config, mesh.size, start_step)
