@@ -105,6 +105,27 @@ def test_loss_falls_and_outputs_are_written(tmp_path):
   assert json.loads((tmp_path / "smoke" / "summary.json").read_text()) == summary
 
 
+def test_smoke_model_learns_from_the_sample_data(tmp_path, sample_dir):
+  cfg = config.load(
+    "configs/smoke.yml",
+    [
+      f"base_output_directory={tmp_path}",
+      f"grain_train_files={sample_dir}/*.parquet",
+      "grain_worker_count=0",
+      "steps=40",
+      "eval_interval=40",
+      "eval_steps=2",
+      "enable_checkpointing=false",
+      "enable_tensorboard=false",
+    ],
+  )
+  summary = train.train(cfg)
+  losses = _losses(summary)
+  assert np.mean([losses[s] for s in range(35, 40)]) < 0.5 * losses[0]
+  assert summary["eval_loss"] < 0.5 * losses[0]
+  assert summary["eval_rtt_loss"] < losses[0]  # RTT bytes: learnt, if not yet past the unigram
+
+
 def test_resumed_run_sees_the_same_batches_and_losses(tmp_path):
   common = ["learning_rate_schedule_steps=8", "checkpoint_period=4", "enable_tensorboard=false"]
   whole_digests, resumed_digests = [], []
