@@ -197,7 +197,7 @@ def train(
 
   `data_iterators` replaces `create_data_iterator(config, mesh)`: a (train, eval or None)
   pair yielding global batches sharded like the pipeline's and offering
-  `get_state()`/`set_state()`. The summary (also written to `<run_dir>/summary.json`) holds
+  `get_state()`/`set_state()`. The summary (process 0 also writes it to `<run_dir>/summary.json`) holds
   steps, mean_step_time_s (first steps excluded), data_wait_share, real_tokens_per_s,
   first/final loss, the last eval_* values, logger_write_s_per_step and the output paths.
   """
@@ -275,7 +275,8 @@ def train(
       if iterator is not None and hasattr(iterator, "close"):
         iterator.close()
   summary = _summary(config, logger, model.num_params(config))
-  (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+  if jax.process_index() == 0:  # one writer per shared run directory, as for the metrics
+    (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
   return summary
 
 
