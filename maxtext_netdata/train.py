@@ -197,9 +197,10 @@ def train(
 
   `data_iterators` replaces `create_data_iterator(config, mesh)`: a (train, eval or None)
   pair yielding global batches sharded like the pipeline's and offering
-  `get_state()`/`set_state()`. The summary (process 0 also writes it to `<run_dir>/summary.json`) holds
-  steps, mean_step_time_s (first steps excluded), data_wait_share, real_tokens_per_s,
-  first/final loss, the last eval_* values, logger_write_s_per_step and the output paths.
+  `get_state()`/`set_state()`. The summary (which process 0 also writes to
+  `<run_dir>/summary.json`) holds steps, mean_step_time_s (first steps excluded),
+  data_wait_share, real_tokens_per_s, first/final loss, the last eval_* values,
+  logger_write_s_per_step and the output paths.
   """
   multihost.initialize_distributed(config)
   mesh = make_mesh(config)
