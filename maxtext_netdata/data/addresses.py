@@ -88,12 +88,12 @@ def _as_string_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def parse_addresses(
-    column: pa.Array | pa.ChunkedArray,
-    versions: np.ndarray,
-    *,
-    source: str,
-    column_name: str,
-    row_offset: int = 0,
+  column: pa.Array | pa.ChunkedArray,
+  versions: np.ndarray,
+  *,
+  source: str,
+  column_name: str,
+  row_offset: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Parse one address column against the rows' `ip_version`.
 
@@ -122,13 +122,13 @@ def parse_addresses(
 
 
 def first_bad_message(
-    column: pa.Array | pa.ChunkedArray,
-    versions: np.ndarray,
-    bad: np.ndarray,
-    *,
-    source: str,
-    column_name: str,
-    row_offset: int = 0,
+  column: pa.Array | pa.ChunkedArray,
+  versions: np.ndarray,
+  bad: np.ndarray,
+  *,
+  source: str,
+  column_name: str,
+  row_offset: int = 0,
 ) -> str:
   """The error for the first bad row of `parse_addresses`: file, row, value and why."""
   row = int(np.flatnonzero(bad)[0])

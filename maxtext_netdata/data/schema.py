@@ -58,8 +58,9 @@ def open_parquet(path: str, filesystem: pafs.FileSystem | None = None) -> pq.Par
   """Open `path` as parquet, or raise DataError naming it."""
   try:
     if filesystem is None:
-      filesystem, path_in_fs = pafs.FileSystem.from_uri(path) if "://" in path else (
-          pafs.LocalFileSystem(), path)
+      filesystem, path_in_fs = (
+        pafs.FileSystem.from_uri(path) if "://" in path else (pafs.LocalFileSystem(), path)
+      )
     else:
       path_in_fs = path
     handle = filesystem.open_input_file(path_in_fs)
@@ -75,14 +76,14 @@ def check_schema(schema: pa.Schema, source: str) -> None:
   missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
   if missing:
     raise DataError(
-        f"{source}: missing column(s) {', '.join(missing)} (has: {', '.join(schema.names)})"
+      f"{source}: missing column(s) {', '.join(missing)} (has: {', '.join(schema.names)})"
     )
   checks = {
-      "event_time": (pa.types.is_timestamp, "timestamp"),
-      "src_addr": (_is_text, "string"),
-      "dst_addr": (_is_text, "string"),
-      "ip_version": (pa.types.is_integer, "integer"),
-      "rtt": (lambda t: pa.types.is_floating(t) or pa.types.is_integer(t), "floating"),
+    "event_time": (pa.types.is_timestamp, "timestamp"),
+    "src_addr": (_is_text, "string"),
+    "dst_addr": (_is_text, "string"),
+    "ip_version": (pa.types.is_integer, "integer"),
+    "rtt": (lambda t: pa.types.is_floating(t) or pa.types.is_integer(t), "floating"),
   }
   for name, (ok, expected) in checks.items():
     column_type = schema.field(name).type
@@ -103,7 +104,7 @@ def _timestamp_seconds(column: pa.ChunkedArray) -> np.ndarray:
 
 
 def validate_table(
-    table: pa.Table, *, source: str, row_offset: int = 0, skip_bad: bool = False
+  table: pa.Table, *, source: str, row_offset: int = 0, skip_bad: bool = False
 ) -> tuple[RawColumns, SkipReport]:
   """Validate and convert one table (a file or a row group of one)."""
   report = SkipReport()
@@ -129,19 +130,23 @@ def validate_table(
   for name in ("src_addr", "dst_addr"):
     column = table.column(name)
     address_bytes, bad = addresses.parse_addresses(
-        column, version, source=source, column_name=name, row_offset=row_offset
+      column, version, source=source, column_name=name, row_offset=row_offset
     )
     parsed[name] = address_bytes
     if bad.any() and not skip_bad:
       raise DataError(
-          addresses.first_bad_message(
-              column, version, bad & ~bad_version, source=source, column_name=name,
-              row_offset=row_offset,
-          )
-          if (bad & ~bad_version).any()
-          else _row_message(
-              source, row_offset, bad_version, version_col.to_pylist(), "ip_version is not 4 or 6"
-          )
+        addresses.first_bad_message(
+          column,
+          version,
+          bad & ~bad_version,
+          source=source,
+          column_name=name,
+          row_offset=row_offset,
+        )
+        if (bad & ~bad_version).any()
+        else _row_message(
+          source, row_offset, bad_version, version_col.to_pylist(), "ip_version is not 4 or 6"
+        )
       )
     problems.append((f"{name} unparsable or not matching ip_version", bad))
 
@@ -151,7 +156,9 @@ def validate_table(
     if bad.any():
       if not skip_bad:
         value_column = reason.split(" ", 1)[0]
-        values = table.column(value_column).to_pylist() if value_column in table.column_names else []
+        values = (
+          table.column(value_column).to_pylist() if value_column in table.column_names else []
+        )
         raise DataError(_row_message(source, row_offset, bad, values, reason))
       report.add(reason, int(bad.sum()))
       keep &= ~bad
@@ -163,14 +170,14 @@ def validate_table(
     mask = pa.array(keep)
     src_text, dst_text = src_text.filter(mask), dst_text.filter(mask)
   columns = RawColumns(
-      src=parsed["src_addr"][keep],
-      dst=parsed["dst_addr"][keep],
-      version=version[keep].astype(np.uint8),
-      seconds=seconds[keep],
-      rtt=rtt[keep],
-      src_text=src_text,
-      dst_text=dst_text,
-      rows=rows[keep],
+    src=parsed["src_addr"][keep],
+    dst=parsed["dst_addr"][keep],
+    version=version[keep].astype(np.uint8),
+    seconds=seconds[keep],
+    rtt=rtt[keep],
+    src_text=src_text,
+    dst_text=dst_text,
+    rows=rows[keep],
   )
   return columns, report
 
@@ -191,10 +198,10 @@ def _row_message(source: str, row_offset: int, bad: np.ndarray, values, reason: 
 
 
 def iter_row_groups(
-    path: str,
-    filesystem: pafs.FileSystem | None = None,
-    *,
-    skip_bad: bool = False,
+  path: str,
+  filesystem: pafs.FileSystem | None = None,
+  *,
+  skip_bad: bool = False,
 ) -> Iterator[tuple[RawColumns, SkipReport]]:
   """Validated columns of each row group of one parquet file, in file order."""
   parquet = open_parquet(path, filesystem)
@@ -204,13 +211,15 @@ def iter_row_groups(
     try:
       table = parquet.read_row_group(group, columns=list(REQUIRED_COLUMNS))
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-      raise DataError(f"{path}: row group {group} (from row {row_offset}) is unreadable ({e})") from None
+      raise DataError(
+        f"{path}: row group {group} (from row {row_offset}) is unreadable ({e})"
+      ) from None
     yield validate_table(table, source=path, row_offset=row_offset, skip_bad=skip_bad)
     row_offset += table.num_rows
 
 
 def read_raw(
-    path: str, filesystem: pafs.FileSystem | None = None, *, skip_bad: bool = False
+  path: str, filesystem: pafs.FileSystem | None = None, *, skip_bad: bool = False
 ) -> tuple[RawColumns, SkipReport]:
   """Validated columns of a whole parquet file."""
   parts = list(iter_row_groups(path, filesystem, skip_bad=skip_bad))
@@ -219,14 +228,16 @@ def read_raw(
     report.merge(part_report)
   if not parts:
     empty = validate_table(
-        pa.table({
-            "event_time": pa.array([], pa.timestamp("s")),
-            "src_addr": pa.array([], pa.string()),
-            "dst_addr": pa.array([], pa.string()),
-            "ip_version": pa.array([], pa.int8()),
-            "rtt": pa.array([], pa.float64()),
-        }),
-        source=path,
+      pa.table(
+        {
+          "event_time": pa.array([], pa.timestamp("s")),
+          "src_addr": pa.array([], pa.string()),
+          "dst_addr": pa.array([], pa.string()),
+          "ip_version": pa.array([], pa.int8()),
+          "rtt": pa.array([], pa.float64()),
+        }
+      ),
+      source=path,
     )[0]
     return empty, report
   return concat_columns([p for p, _ in parts]), report
@@ -237,12 +248,12 @@ def concat_columns(parts: list[RawColumns]) -> RawColumns:
   if len(parts) == 1:
     return parts[0]
   return RawColumns(
-      src=np.concatenate([p.src for p in parts]),
-      dst=np.concatenate([p.dst for p in parts]),
-      version=np.concatenate([p.version for p in parts]),
-      seconds=np.concatenate([p.seconds for p in parts]),
-      rtt=np.concatenate([p.rtt for p in parts]),
-      src_text=pa.concat_arrays([p.src_text for p in parts]),
-      dst_text=pa.concat_arrays([p.dst_text for p in parts]),
-      rows=np.concatenate([p.rows for p in parts]),
+    src=np.concatenate([p.src for p in parts]),
+    dst=np.concatenate([p.dst for p in parts]),
+    version=np.concatenate([p.version for p in parts]),
+    seconds=np.concatenate([p.seconds for p in parts]),
+    rtt=np.concatenate([p.rtt for p in parts]),
+    src_text=pa.concat_arrays([p.src_text for p in parts]),
+    dst_text=pa.concat_arrays([p.dst_text for p in parts]),
+    rows=np.concatenate([p.rows for p in parts]),
   )
