@@ -227,8 +227,8 @@ def measure_stages(cfg: Config, device_mesh, batches: int) -> dict:
 
   Stages (see `input_pipeline.sequences`): `read` = epoch-plan lookup and gathering the
   store's rows, `build` = modes, fill and tokenizing into the batch, `batch` = ShiftData on the
-  finished batch, `device` = `jax.make_array_from_process_local_data` until the arrays are on
-  the device. Step 0 is run once first, untimed, to build the epoch plan.
+  finished batch, `device` = `interface.to_global` until the arrays are on the device.
+  Step 0 is run once first, untimed, to build the epoch plan.
   """
   from maxtext_netdata.data import prepare
   from maxtext_netdata.input_pipeline import interface, transforms
@@ -247,12 +247,7 @@ def measure_stages(cfg: Config, device_mesh, batches: int) -> dict:
     t2 = time.perf_counter()
     host = transforms.shift_data(host)
     t3 = time.perf_counter()
-    jax.block_until_ready(
-      {
-        key: jax.make_array_from_process_local_data(sharding, value, (size, *value.shape[1:]))
-        for key, value in host.items()
-      }
-    )
+    jax.block_until_ready(interface.to_global(host, sharding, size))
     t4 = time.perf_counter()
     if step:
       for name, seconds in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
