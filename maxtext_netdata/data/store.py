@@ -241,10 +241,9 @@ class ProbeRowsBuilder:
     self.rtt_bytes[lo:hi], self.failed[lo:hi] = tokenizer.rtt_bytes(columns.rtt)
     self.rtt_ms[lo:hi] = columns.rtt
     if self.hashed_order is not None:
-      for has_ts in (False, True):
-        self.hashed_order[lo:hi, int(has_ts)] = tokenizer.hashed_orders(
-          columns.src_text, columns.dst_text, columns.seconds, np.full(n, has_ts)
-        )
+      self.hashed_order[lo:hi] = tokenizer.hashed_order_pairs(
+        columns.src_text, columns.dst_text, columns.seconds
+      )
     self.size = hi
 
   def _probe_of(self, version: np.ndarray, src: np.ndarray) -> np.ndarray:
