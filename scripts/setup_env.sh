@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv with Python 3.12 and installs the project through constraints.txt.
-# Idempotent: re-installs only when setup.py, constraints.txt or the extras change.
+# Idempotent: installs only when setup.py or constraints.txt change, or an extra is missing.
 # Usage: source scripts/setup_env.sh [EXTRAS]   (EXTRAS default: test; "" for none)
 set -euo pipefail
 
@@ -27,14 +27,28 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 
+# The stamp holds a hash of setup.py and constraints.txt, then one installed extra per line:
+# asking for extras already installed (run.sh's after test.sh's) installs nothing.
 stamp="$VENV/.netdata-installed"
-want="$(cat "$ROOT/setup.py" "$ROOT/constraints.txt" | sha256sum | cut -c1-16)-$EXTRAS"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup_env: installing maxtext_netdata[$EXTRAS] (pinned by constraints.txt)" >&2
+want_hash="$(cat "$ROOT/setup.py" "$ROOT/constraints.txt" | sha256sum | cut -c1-16)"
+installed=""
+if [ "$(head -n 1 "$stamp" 2>/dev/null)" = "$want_hash" ]; then
+  installed="$(tail -n +2 "$stamp")"
+else
+  rm -f "$stamp"
+fi
+extras="$installed"
+for extra in ${EXTRAS//,/ }; do
+  grep -qx -- "$extra" <<<"$installed" || extras="$(printf '%s\n%s' "$extras" "$extra")"
+done
+extras="$(sed '/^$/d' <<<"$extras")"
+if [ ! -f "$stamp" ] || [ "$extras" != "$installed" ]; then
+  joined="$(paste -sd, - <<<"$extras")"
+  echo "setup_env: installing maxtext_netdata${joined:+[$joined]} (pinned by constraints.txt)" >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    -c "$ROOT/constraints.txt" -e "${ROOT}${EXTRAS:+[${EXTRAS}]}" >&2
-  echo "$want" >"$stamp"
+    -c "$ROOT/constraints.txt" -e "${ROOT}${joined:+[${joined}]}" >&2
+  printf '%s\n%s\n' "$want_hash" "$extras" | sed '/^$/d' >"$stamp"
 fi
 
 export PATH="$VENV/bin:$PATH"
