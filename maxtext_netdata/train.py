@@ -174,6 +174,7 @@ def _summary(config: Config, logger: MetricLogger, trainer_params: int) -> dict[
     "steps": len(train_records),
     "last_step": train_records[-1]["step"] if train_records else None,
     "mean_step_time_s": step_time / len(timed) if timed else None,
+    "median_step_time_s": float(np.median([r["step_time_s"] for r in timed])) if timed else None,
     "data_wait_share": sum(r["data_wait_s"] for r in timed) / step_time if timed else None,
     "real_tokens_per_s": sum(r["real_tokens"] for r in timed) / step_time if timed else None,
     "padding_share": float(np.mean([r["padding_share"] for r in timed])) if timed else None,
