@@ -6,6 +6,11 @@
 REMOTE_DIR="maxtext_netdata"
 DRY_RUN=0
 
+# The launcher's header comment (after the shebang) is its --help text.
+usage() {
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+}
+
 die() {
   echo "${LAUNCHER}: $*" >&2
   exit 2

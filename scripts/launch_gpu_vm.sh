@@ -23,10 +23,6 @@ LAUNCHER="launch_gpu_vm"
 # shellcheck source=scripts/launch_common.sh
 source "$ROOT/scripts/launch_common.sh"
 
-usage() {
-  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
-}
-
 host_list="" coordinator="" port="8476" trainer="netdata"
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -19,10 +19,6 @@ LAUNCHER="launch_tpu_vm"
 # shellcheck source=scripts/launch_common.sh
 source "$ROOT/scripts/launch_common.sh"
 
-usage() {
-  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
-}
-
 name="" zone="" project="" trainer="netdata"
 while [ $# -gt 0 ]; do
   case "$1" in
