@@ -54,7 +54,14 @@ def main(argv: list[str] | None = None) -> int:
   selected = next((a for a in argv if not a.startswith("-")), None)
   if selected not in COMMANDS:
     selected = None
-  args = build_parser(selected).parse_args(argv)
+  parser = build_parser(selected)
+  args, extra = parser.parse_known_args(argv)
+  # `key=value` overrides may also follow the options (`batches CONFIG --steps 3 seed=1`).
+  stray = [a for a in extra if a.startswith("-") or "=" not in a]
+  if stray or (extra and not hasattr(args, "overrides")):
+    parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+  if extra:
+    args.overrides = [*args.overrides, *extra]
   module = importlib.import_module(COMMANDS[args.command][0])
   try:
     return int(module.run(args) or 0)
