@@ -154,3 +154,15 @@ def check_host_batch(store, layout, batch: dict[str, np.ndarray], seq_len: int) 
       else:
         modes["none"] += 1
   return modes
+
+
+def small_run_overrides(root) -> list[str]:
+  """Config overrides for a small raw sample written under `root`: 8000 rows of 40 probes,
+  128-token sequences, global batches of 4."""
+  files = write_raw_parquet(str(root / "raw"), rows=8000, probes=40)
+  return [
+    f"grain_train_files={files}",
+    f"base_output_directory={root}",
+    "max_target_length=128",
+    "global_batch_size_to_load=4",
+  ]

@@ -22,14 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def overrides(tmp_path_factory):
-  root = tmp_path_factory.mktemp("batches")
-  files = pipeline_helpers.write_raw_parquet(str(root / "raw"), rows=8000, probes=40)
-  return [
-    f"grain_train_files={files}",
-    f"base_output_directory={root}",
-    "max_target_length=128",
-    "global_batch_size_to_load=4",
-  ]
+  return pipeline_helpers.small_run_overrides(tmp_path_factory.mktemp("batches"))
 
 
 def run_batches(capsys, overrides, *args):

@@ -27,15 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def overrides(tmp_path_factory):
   root = tmp_path_factory.mktemp("interface")
-  files = pipeline_helpers.write_raw_parquet(str(root / "raw"), rows=8000, probes=40)
-  return [
-    f"grain_train_files={files}",
-    f"base_output_directory={root}",
-    "max_target_length=128",
-    "global_batch_size_to_load=4",
-    "grain_worker_count=0",
-    "eval_steps=3",
-  ]
+  return [*pipeline_helpers.small_run_overrides(root), "grain_worker_count=0", "eval_steps=3"]
 
 
 def test_network_grain_yields_global_arrays_of_the_host_batches(overrides):
