@@ -305,8 +305,9 @@ def _resolved_workers(cfg: Config, device_mesh) -> int:
   from maxtext_netdata.input_pipeline import interface, network_grain
 
   lo, hi = multihost.process_row_range(interface.global_batch_size(cfg, device_mesh))
-  host_batch_bytes = len(network_grain.INPUT_KEYS) * 4 * (hi - lo) * cfg.max_target_length
-  return network_grain.worker_count(cfg, host_batch_bytes)
+  return network_grain.worker_count(
+    cfg, network_grain.host_batch_bytes(hi - lo, cfg.max_target_length)
+  )
 
 
 def _cpu_seconds(before: dict[int, float] | None = None) -> dict[int, float] | float:

@@ -43,6 +43,11 @@ class BuildBatch(grain.transforms.Map):
     return self.builder.build(self.builder.gather(int(step), self.lo, self.hi))
 
 
+def host_batch_bytes(rows: int, seq_len: int) -> int:
+  """Bytes of one host batch as workers send it (the INPUT_KEYS arrays, int32)."""
+  return len(INPUT_KEYS) * 4 * rows * seq_len
+
+
 def worker_count(config, host_batch_bytes: int) -> int:
   """`grain_worker_count`, with -1 resolved from the cores and `grain_ram_budget_mb`.
 
@@ -84,8 +89,8 @@ def make_iterator(
       prefetch_buffer_size=config.grain_prefetch_buffer_size,
     )
   )
-  host_batch_bytes = len(INPUT_KEYS) * 4 * (hi - lo) * builder.seq_len
-  workers = 0 if in_process else worker_count(config, host_batch_bytes)
+  batch_bytes = host_batch_bytes(hi - lo, builder.seq_len)
+  workers = 0 if in_process else worker_count(config, batch_bytes)
   if workers > 0:
     # Grain's worker start reads absl flags, which only an absl `app.run` entry point parses;
     # ours take their settings from the config, so the flags keep their defaults.
