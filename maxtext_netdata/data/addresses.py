@@ -93,7 +93,6 @@ def parse_addresses(
   *,
   source: str,
   column_name: str,
-  row_offset: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Parse one address column against the rows' `ip_version`.
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -110,56 +111,51 @@ def validate_table(
   report = SkipReport()
   n = table.num_rows
   rows = np.arange(row_offset, row_offset + n, dtype=np.int64)
-  problems: list[tuple[str, np.ndarray]] = []
+  # (reason, bad rows, the error naming the first bad row); checked in this order.
+  problems: list[tuple[str, np.ndarray, Callable[[np.ndarray], str]]] = []
+
+  def plain(reason: str, column_name: str) -> Callable[[np.ndarray], str]:
+    return lambda bad: _row_message(
+      source, row_offset, bad, table.column(column_name).to_pylist(), reason
+    )
 
   time_col = table.column("event_time")
   if time_col.null_count:
-    problems.append(("event_time is null", time_col.is_null().to_numpy(zero_copy_only=False)))
+    reason = "event_time is null"
+    null = time_col.is_null().to_numpy(zero_copy_only=False)
+    problems.append((reason, null, plain(reason, "event_time")))
   seconds = _timestamp_seconds(time_col.fill_null(0))
 
-  version_col = table.column("ip_version")
-  version = version_col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-  bad_version = (version != 4) & (version != 6)
-  problems.append(("ip_version is not 4 or 6", bad_version))
+  version = table.column("ip_version").fill_null(0).to_numpy(zero_copy_only=False)
+  version = version.astype(np.int64)
+  reason = "ip_version is not 4 or 6"
+  problems.append((reason, (version != 4) & (version != 6), plain(reason, "ip_version")))
 
   rtt_col = table.column("rtt")
   rtt = pc.cast(rtt_col, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
-  problems.append(("rtt is NaN, infinite or null", ~np.isfinite(rtt)))
+  reason = "rtt is NaN, infinite or null"
+  problems.append((reason, ~np.isfinite(rtt), plain(reason, "rtt")))
 
   parsed = {}
   for name in ("src_addr", "dst_addr"):
     column = table.column(name)
-    address_bytes, bad = addresses.parse_addresses(
-      column, version, source=source, column_name=name, row_offset=row_offset
+    parsed[name], bad = addresses.parse_addresses(column, version, source=source, column_name=name)
+    message = functools.partial(
+      addresses.first_bad_message,
+      column,
+      version,
+      source=source,
+      column_name=name,
+      row_offset=row_offset,
     )
-    parsed[name] = address_bytes
-    if bad.any() and not skip_bad:
-      raise DataError(
-        addresses.first_bad_message(
-          column,
-          version,
-          bad & ~bad_version,
-          source=source,
-          column_name=name,
-          row_offset=row_offset,
-        )
-        if (bad & ~bad_version).any()
-        else _row_message(
-          source, row_offset, bad_version, version_col.to_pylist(), "ip_version is not 4 or 6"
-        )
-      )
-    problems.append((f"{name} unparsable or not matching ip_version", bad))
+    problems.append((f"{name} unparsable or not matching ip_version", bad, message))
 
   keep = np.ones(n, dtype=bool)
-  for reason, bad in problems:
-    bad = bad & keep
+  for reason, bad, message in problems:
+    bad = bad & keep  # a row is counted under its first problem only
     if bad.any():
       if not skip_bad:
-        value_column = reason.split(" ", 1)[0]
-        values = (
-          table.column(value_column).to_pylist() if value_column in table.column_names else []
-        )
-        raise DataError(_row_message(source, row_offset, bad, values, reason))
+        raise DataError(message(bad))
       report.add(reason, int(bad.sum()))
       keep &= ~bad
 
