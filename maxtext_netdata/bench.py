@@ -25,7 +25,7 @@ import jax
 import numpy as np
 import psutil
 
-from maxtext_netdata import accelerators, bench_report, config, mesh, multihost
+from maxtext_netdata import accelerators, bench_report, config, mesh
 from maxtext_netdata.config import Config, ConfigError
 
 # Training steps left out of the step statistics: the first compiles, the second may still
@@ -234,10 +234,8 @@ def measure_stages(cfg: Config, device_mesh, batches: int) -> dict:
   from maxtext_netdata.input_pipeline import interface, transforms
   from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 
-  size = interface.global_batch_size(cfg, device_mesh)
-  lo, hi = multihost.process_row_range(size)
+  size, sharding, lo, hi = interface.host_slice(cfg, device_mesh)
   builder = BatchBuilder.from_config(cfg, prepare.ensure_prepared(cfg, progress=False).train, size)
-  sharding = mesh.batch_sharding(cfg, device_mesh)
   times = {name: [] for name in ("read", "build", "batch", "device")}
   for step in range(batches + 1):
     t0 = time.perf_counter()
@@ -304,7 +302,7 @@ def _resolved_workers(cfg: Config, device_mesh) -> int:
   """The worker count the pipeline will start (`grain_worker_count=-1` resolved)."""
   from maxtext_netdata.input_pipeline import interface, network_grain
 
-  lo, hi = multihost.process_row_range(interface.global_batch_size(cfg, device_mesh))
+  _, _, lo, hi = interface.host_slice(cfg, device_mesh)
   return network_grain.worker_count(
     cfg, network_grain.host_batch_bytes(hi - lo, cfg.max_target_length)
   )

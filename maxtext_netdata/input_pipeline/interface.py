@@ -2,8 +2,9 @@
 
 Each dataset type returns (train iterator, eval iterator or None). The iterators yield dicts
 of global `jax.Array`s, int32 [global_batch, max_target_length], whose batch dimension is
-sharded over the mesh axes of `config.data_sharding`; each process loads only its rows
-(`multihost.process_row_range`) and `jax.make_array_from_process_local_data` joins them.
+sharded over the mesh axes of `config.data_sharding`; each process loads only the rows its
+devices hold under that sharding (`host_slice`) and `jax.make_array_from_process_local_data`
+joins them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -84,12 +86,32 @@ def global_batch_size(config: Config, mesh: Mesh) -> int:
   return size
 
 
+class HostSlice(NamedTuple):
+  """What one process loads of each global batch: rows [lo, hi) of `global_rows`."""
+
+  global_rows: int
+  sharding: jax.sharding.Sharding
+  lo: int
+  hi: int
+
+
+def host_slice(config: Config, mesh: Mesh) -> HostSlice:
+  """The global batch size, its sharding on `mesh`, and this process's rows of it.
+
+  The rows come from the sharding itself (`multihost.sharded_row_range`), so they are right
+  for any device order of the mesh, and a mesh that interleaves processes along the batch is
+  an error instead of silently misplaced rows.
+  """
+  size = global_batch_size(config, mesh)
+  sharding = mesh_lib.batch_sharding(config, mesh)
+  lo, hi = multihost.sharded_row_range(sharding, (size, config.max_target_length))
+  return HostSlice(size, sharding, lo, hi)
+
+
 def _network_grain(config: Config, mesh: Mesh):
   from maxtext_netdata.data import prepare  # noqa: PLC0415 (only this dataset type needs it)
 
-  size = global_batch_size(config, mesh)
-  sharding = mesh_lib.batch_sharding(config, mesh)
-  lo, hi = multihost.process_row_range(size)
+  size, sharding, lo, hi = host_slice(config, mesh)
   splits = prepare.ensure_prepared(config, progress=jax.process_index() == 0)
   train = BatchBuilder.from_config(config, splits.train, size)
   train_iterator = DataIterator(
@@ -114,10 +136,8 @@ def _network_grain(config: Config, mesh: Mesh):
 
 
 def _synthetic(config: Config, mesh: Mesh):
-  size = global_batch_size(config, mesh)
-  lo, hi = multihost.process_row_range(size)
+  size, sharding, lo, hi = host_slice(config, mesh)
   host = synthetic.host_batch(size, config.max_target_length, config.data_shuffle_seed)
-  sharding = mesh_lib.batch_sharding(config, mesh)
   local = {key: np.ascontiguousarray(value[lo:hi]) for key, value in host.items()}
   return synthetic.SyntheticIterator(to_global(local, sharding, size)), None
 
