@@ -36,9 +36,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import reference_tokenizer as ref  # noqa: E402
 
 from maxtext_netdata import config as config_lib  # noqa: E402
-from maxtext_netdata import tokens as tk  # noqa: E402
 from maxtext_netdata.data import prepare  # noqa: E402
 from maxtext_netdata.data.generate import generate  # noqa: E402
+from maxtext_netdata.format import tokens as tk  # noqa: E402
 from maxtext_netdata.input_pipeline import network_grain, transforms  # noqa: E402
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: E402
 

@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import reference_tokenizer  # noqa: E402
 
-from maxtext_netdata import tokenizer  # noqa: E402
 from maxtext_netdata.data import addresses, schema  # noqa: E402
 from maxtext_netdata.data.generate import generate  # noqa: E402
+from maxtext_netdata.format import tokenizer  # noqa: E402
 
 TOKENS_PER_SEQUENCE = 1024
 

@@ -24,5 +24,5 @@ echo "== the same model on one fixed batch (synthetic: no input cost)"
 maxtext-netdata train configs/smoke.yml base_output_directory="$RUNS" run_name=smoke_synthetic \
   dataset_type=synthetic steps=100 "$@"
 echo "== summary"
-python -m maxtext_netdata.report "$RUNS/smoke_network/summary.json" \
+python -m maxtext_netdata.trainer.report "$RUNS/smoke_network/summary.json" \
   "$RUNS/smoke_synthetic/summary.json"

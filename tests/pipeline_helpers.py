@@ -9,9 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from maxtext_netdata import tokenizer
-from maxtext_netdata import tokens as tk
 from maxtext_netdata.data import store as store_lib
+from maxtext_netdata.format import tokenizer
+from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS
 
 

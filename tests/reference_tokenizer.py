@@ -1,6 +1,6 @@
 """A plain per-measurement netdata-v1 tokenizer, written line by line from SPEC §2.
 
-It is the oracle of the vectorized `maxtext_netdata.tokenizer`: slow, obvious, and sharing no
+It is the oracle of the vectorized `maxtext_netdata.format.tokenizer`: slow, obvious, and sharing no
 code with it (addresses are parsed with `ipaddress`, not the project's parser).
 """
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from maxtext_netdata import tokens
-from maxtext_netdata.mesh import batch_sharding
+from maxtext_netdata.distributed.mesh import batch_sharding
+from maxtext_netdata.format import tokens
 
 
 def shift_data(inputs: np.ndarray, segmentation: np.ndarray, positions: np.ndarray) -> dict:

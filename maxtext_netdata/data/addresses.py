@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxtext_netdata.data.errors import DataError
+from maxtext_netdata.errors import DataError
 
 ADDRESS_BYTES = 16
 

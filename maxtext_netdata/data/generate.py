@@ -24,6 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from maxtext_netdata.errors import UserError
+
 COMPLETE_MARKER = ".complete"
 FILE_PATTERN = "pings-{:05d}-of-{:05d}.parquet"
 START_SECONDS = 1_751_328_000  # 2025-07-01T00:00:00Z
@@ -301,7 +303,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-  from maxtext_netdata.cli import UserError  # noqa: PLC0415  (cli imports this module)
 
   if args.shards < 1 or args.rows < args.shards:
     raise UserError(f"need --rows >= --shards >= 1, got --rows {args.rows} --shards {args.shards}")

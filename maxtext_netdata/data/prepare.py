@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.config import load as load_config
 from maxtext_netdata.data import remote, schema, store
-from maxtext_netdata.data.errors import DataError
+from maxtext_netdata.errors import DataError
 
 
 @dataclasses.dataclass

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from maxtext_netdata.data.errors import DataError
+from maxtext_netdata.errors import DataError
 
 _REMOTE_SCHEMES = ("s3", "gs")
 _GLOB_CHARS = re.compile(r"[*?\[]")

@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from maxtext_netdata.data import addresses
-from maxtext_netdata.data.errors import DataError
+from maxtext_netdata.errors import DataError
 
 REQUIRED_COLUMNS = ("event_time", "src_addr", "dst_addr", "ip_version", "rtt")
 _UNITS_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}

@@ -27,9 +27,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxtext_netdata import tokenizer
 from maxtext_netdata.data import schema
-from maxtext_netdata.data.errors import DataError
+from maxtext_netdata.errors import DataError
+from maxtext_netdata.format import tokenizer
 
 FORMAT_VERSION = 1
 

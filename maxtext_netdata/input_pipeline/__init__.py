@@ -1,5 +1,9 @@
 """Input pipelines: `create_data_iterator(config, mesh)` returns (train, eval or None).
 
+Holds the `dataset_type` registry, `synthetic`, `network_grain` (the epoch plan, the batch
+builder, ShiftData, the Grain graph) and the `batches` command. May import `format`, `data`,
+`distributed`, `config` and `errors`; never `trainer`, `bench`, `maxtext` or `cli`.
+
 `create_data_iterator` is imported on first use: Grain worker processes import this package
 to unpickle their dataset graph, and should not pay for importing JAX.
 """

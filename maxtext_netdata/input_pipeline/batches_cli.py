@@ -14,7 +14,7 @@ import hashlib
 import numpy as np
 
 from maxtext_netdata import config as config_lib
-from maxtext_netdata.cli import UserError
+from maxtext_netdata.errors import UserError
 from maxtext_netdata.input_pipeline.sequences import KEYS
 
 

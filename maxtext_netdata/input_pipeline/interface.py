@@ -18,10 +18,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from maxtext_netdata import mesh as mesh_lib
-from maxtext_netdata import multihost
 from maxtext_netdata.config import Config, ConfigError
-from maxtext_netdata.data.errors import DataError
+from maxtext_netdata.distributed import mesh as mesh_lib
+from maxtext_netdata.distributed import multihost
+from maxtext_netdata.errors import DataError
 from maxtext_netdata.input_pipeline import network_grain, synthetic
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 

@@ -16,8 +16,8 @@ import functools
 
 import numpy as np
 
-from maxtext_netdata import tokenizer
-from maxtext_netdata import tokens as tk
+from maxtext_netdata.format import tokenizer
+from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline import contexts
 
 FULL, PARTIAL, NONE = 0, 1, 2

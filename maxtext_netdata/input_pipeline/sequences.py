@@ -22,10 +22,10 @@ import threading
 
 import numpy as np
 
-from maxtext_netdata import tokenizer
-from maxtext_netdata import tokens as tk
 from maxtext_netdata.config import ConfigError
-from maxtext_netdata.data.errors import DataError
+from maxtext_netdata.errors import DataError
+from maxtext_netdata.format import tokenizer
+from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline import contexts
 from maxtext_netdata.input_pipeline import layout as layout_lib
 from maxtext_netdata.input_pipeline.layout import Gathered, Layout, segment_starts

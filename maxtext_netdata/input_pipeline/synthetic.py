@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from maxtext_netdata import tokens as tk
+from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline.transforms import shift_data
 
 

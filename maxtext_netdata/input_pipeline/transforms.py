@@ -5,7 +5,7 @@ from __future__ import annotations
 import grain
 import numpy as np
 
-from maxtext_netdata import tokens as tk
+from maxtext_netdata.format import tokens as tk
 
 
 def _shift_left(x: np.ndarray, fill: int) -> np.ndarray:

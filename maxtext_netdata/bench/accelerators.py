@@ -1,0 +1,81 @@
+"""How many tokens per second an accelerator would consume training the configured model.
+
+The cost of a token is MaxText's count (`model.training_flops_per_token`): 6 FLOPs per matmul
+weight (forward 2, backward 4) plus causal self-attention. A share (MFU) of the chip's peak
+divided by that cost gives the tokens per second the chip eats, and so the step time the input
+pipeline must beat.
+"""
+
+from __future__ import annotations
+
+from maxtext_netdata.config import Config, ConfigError
+from maxtext_netdata.trainer import model
+
+# Dense bf16 peak TFLOP/s per chip, from the vendors' data sheets.
+PEAK_TFLOPS = {
+  "a100": 312.0,
+  "h100": 989.0,
+  "v5e": 197.0,
+  "v5p": 459.0,
+  "v6e": 918.0,
+}
+
+# MFUs the estimate is stated at: 40% is a good real run, 60% an excellent one.
+ESTIMATE_MFUS = (0.4, 0.6)
+
+
+def resolve_peak_tflops(
+  peak_tflops: float | None, accelerator: str | None, config: Config
+) -> tuple[float, str]:
+  """(peak TFLOP/s per chip, chip name) from `--peak-tflops`, `--accelerator` or the config.
+
+  The name is a listed chip's when the peak is one of theirs, else the peak in words.
+  """
+  if accelerator is not None:
+    key = accelerator.lower()
+    if key not in PEAK_TFLOPS:
+      raise ConfigError(
+        f"--accelerator={accelerator!r} is not one of {', '.join(sorted(PEAK_TFLOPS))}"
+      )
+    return PEAK_TFLOPS[key], key
+  peak = config.peak_tflops_per_device if peak_tflops is None else peak_tflops
+  if peak <= 0:
+    raise ConfigError(f"peak of {peak} TFLOP/s must be positive")
+  name = next((k for k, v in PEAK_TFLOPS.items() if v == peak), f"{peak:g}-TFLOP/s chip")
+  return peak, name
+
+
+def estimate(
+  config: Config,
+  name: str,
+  peak_tflops: float,
+  tokens_per_batch: int,
+  devices: int = 1,
+  mfus: tuple[float, ...] = ESTIMATE_MFUS,
+) -> dict:
+  """Tokens/s and step time of `devices` chips at each MFU, for batches of `tokens_per_batch`.
+
+  Returns a JSON-ready dict: the chip `name` and peak, the model's parameters and training
+  FLOPs per token (as `model.training_flops_per_token` counts them), and per MFU the tokens/s
+  consumed and the step time of one batch.
+  """
+  flops_per_token = model.training_flops_per_token(config)
+  at_mfu = []
+  for mfu in mfus:
+    tokens_per_s = devices * mfu * peak_tflops * 1e12 / flops_per_token
+    at_mfu.append(
+      {
+        "mfu": mfu,
+        "tokens_per_s": tokens_per_s,
+        "step_time_s": tokens_per_batch / tokens_per_s,
+      }
+    )
+  return {
+    "name": name,
+    "params": model.num_params(config),
+    "flops_per_token": flops_per_token,
+    "peak_tflops": peak_tflops,
+    "devices": devices,
+    "tokens_per_batch": tokens_per_batch,
+    "at_mfu": at_mfu,
+  }

@@ -1,0 +1,347 @@
+"""`maxtext-netdata bench`: is data loading faster than the accelerator step, and if training
+is still slow, why?
+
+One command for what MaxText's pipeline-performance guide does by hand:
+1. the target step time: the configured model trained on synthetic data (no loading cost), or
+   `--target-step-time` measured on the real accelerator, or the accelerator estimate;
+2. the configured pipeline alone, with no training: time per batch, first-batch latency, real
+   tokens/s and per busy core; optionally for several `grain_worker_count` values;
+3. training on the configured data, step time and data wait from the run's metrics.jsonl;
+4. a per-stage breakdown of one batch (reading the store, building sequences, batching and
+   ShiftData, moving to the device);
+5. the tokens/s the accelerator would consume at 40% and 60% MFU and the host cores that takes;
+6. a verdict in plain words, a terminal table, a JSON report and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import psutil
+
+from maxtext_netdata import config
+from maxtext_netdata.bench import accelerators
+from maxtext_netdata.bench import report as bench_report
+from maxtext_netdata.config import Config, ConfigError
+from maxtext_netdata.distributed import mesh
+
+# Training steps left out of the step statistics: the first compiles, the second may still
+# pay for the first step's metrics transfer.
+WARMUP_STEPS = 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("config", help="YAML config (dataset_type network_grain)")
+  parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+  parser.add_argument(
+    "--report", help="JSON report path (default <run_dir>/bench/report.json; the PNG beside)"
+  )
+  parser.add_argument(
+    "--target-step-time",
+    type=float,
+    metavar="S",
+    help="accelerator step time in seconds measured elsewhere; skips the synthetic-data run",
+  )
+  parser.add_argument(
+    "--sweep-workers",
+    metavar="LIST",
+    help="comma-separated grain_worker_count values to time loading with, e.g. 0,1,2",
+  )
+  peak = parser.add_mutually_exclusive_group()
+  peak.add_argument(
+    "--peak-tflops", type=float, metavar="X", help="accelerator bf16 peak TFLOP/s per chip"
+  )
+  peak.add_argument(
+    "--accelerator",
+    choices=sorted(accelerators.PEAK_TFLOPS),
+    type=str.lower,
+    help="take the peak of a listed chip (default: peak_tflops_per_device)",
+  )
+  parser.add_argument(
+    "--steps",
+    type=int,
+    default=20,
+    metavar="N",
+    help=f"measured training steps per run, after {WARMUP_STEPS} warm-up; 0 skips training",
+  )
+  parser.add_argument(
+    "--batches", type=int, default=100, metavar="M", help="measured loading batches"
+  )
+
+
+def run(args: argparse.Namespace) -> int:
+  cfg = config.load(args.config, args.overrides)
+  sweep = _parse_sweep(args.sweep_workers)
+  if args.steps < 0 or args.batches < 1:
+    raise ConfigError(f"--steps={args.steps} must be >= 0 and --batches={args.batches} >= 1")
+  if args.target_step_time is not None and args.target_step_time <= 0:
+    raise ConfigError(f"--target-step-time={args.target_step_time} must be positive")
+  if cfg.dataset_type != "network_grain":
+    raise ConfigError(
+      f"bench measures the data pipeline: dataset_type must be network_grain, not"
+      f" {cfg.dataset_type!r} (the synthetic run is made by bench itself)"
+    )
+  from maxtext_netdata.data import prepare
+
+  _progress("preparing the store (cached after the first run)")
+  prepare.ensure_prepared(cfg)
+  report_path = Path(args.report) if args.report else cfg.run_dir / "bench" / "report.json"
+  report = measure(cfg, args, sweep, report_path.parent)
+  bench_report.write_json(report, report_path)
+  plot_path = bench_report.write_plot(report, report_path.with_suffix(".png"))
+  print(bench_report.format_table(report))
+  print(f"\nreport: {report_path}\nplot:   {plot_path}")
+  return 0
+
+
+def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Path) -> dict:
+  """Every figure of the report, the verdict included."""
+  from maxtext_netdata.input_pipeline import interface
+
+  device_mesh = mesh.make_mesh(cfg)
+  devices = device_mesh.devices.size
+  sequences = interface.global_batch_size(cfg, device_mesh) // jax.process_count()
+  tokens_per_batch = sequences * cfg.max_target_length
+  peak, chip = accelerators.resolve_peak_tflops(args.peak_tflops, args.accelerator, cfg)
+  estimate = accelerators.estimate(cfg, chip, peak, tokens_per_batch, devices=devices)
+
+  synthetic = real = None
+  if args.steps > 0 and args.target_step_time is None:
+    _progress(f"training {args.steps} + {WARMUP_STEPS} steps on synthetic data")
+    synthetic = train_and_read_metrics(
+      cfg, args.steps, out_dir / "synthetic", dataset_type="synthetic"
+    )
+
+  _progress(f"loading {args.batches} batches alone, grain_worker_count={cfg.grain_worker_count}")
+  loading = measure_loading(cfg, device_mesh, args.batches)
+  sweep_results = []
+  for workers in sweep:
+    if workers == loading["workers"]:
+      sweep_results.append(loading)
+      continue
+    _progress(f"loading {args.batches} batches alone, grain_worker_count={workers}")
+    sweep_results.append(
+      measure_loading(cfg.replace(grain_worker_count=workers), device_mesh, args.batches)
+    )
+
+  if args.steps > 0:
+    _progress(f"training {args.steps} + {WARMUP_STEPS} steps on the configured data")
+    real = train_and_read_metrics(cfg, args.steps, out_dir / "real")
+
+  _progress("timing the pipeline stages")
+  stages = measure_stages(cfg, device_mesh, min(args.batches, 20))
+
+  if args.target_step_time is not None:
+    target = {"step_time_s": args.target_step_time, "source": "--target-step-time"}
+    reference = args.target_step_time
+  elif synthetic is not None:
+    target = {
+      "step_time_s": synthetic["step_time"]["median"],
+      "source": "synthetic-data steps on this machine",
+    }
+    reference = target["step_time_s"]
+  else:
+    first = estimate["at_mfu"][0]
+    target = {
+      "step_time_s": first["step_time_s"],
+      "source": f"estimate: {chip} at {first['mfu']:.0%} MFU of {peak:g} TFLOP/s",
+    }
+    reference = None
+
+  recommendation = (
+    bench_report.recommend_workers(sweep_results, target["step_time_s"]) if sweep_results else None
+  )
+  knob = bench_report.next_knob(loading, _cpu_cores(), recommendation, stages["per_batch_s"])
+  return {
+    "config": cfg.config_path,
+    "overrides": list(args.overrides),
+    "host": {
+      "cpu_cores": _cpu_cores(),
+      "devices": devices,
+      "device_kind": jax.devices()[0].device_kind,
+      "processes": jax.process_count(),
+    },
+    "batch": {
+      "sequences": sequences,
+      "max_target_length": cfg.max_target_length,
+      "tokens": tokens_per_batch,
+    },
+    "target": target,
+    "synthetic": synthetic,
+    "real": real,
+    "loading": loading,
+    "sweep": sweep_results,
+    "recommended_workers": recommendation,
+    "stages": stages,
+    "accelerator": bench_report.with_loader_cores(estimate, loading),
+    "verdict": bench_report.decide(
+      target["step_time_s"], target["source"], loading, real, reference, knob
+    ),
+  }
+
+
+def measure_loading(cfg: Config, device_mesh, batches: int) -> dict:
+  """The configured pipeline alone, no training: `batches` global batches after warm-up.
+
+  Each timed batch is `next(iterator)` until its arrays are on the device. Warm-up is the
+  first batch (worker start-up, reported as first-batch latency) plus as many batches as the
+  buffers hold, so the timed ones are made while we wait, not drained from a full buffer.
+  """
+  from maxtext_netdata.input_pipeline import create_data_iterator
+
+  workers = _resolved_workers(cfg, device_mesh)
+  warmup = workers * cfg.grain_per_worker_buffer_size + cfg.grain_prefetch_buffer_size
+  start = time.perf_counter()
+  train_iter, eval_iter = create_data_iterator(cfg, device_mesh)
+  try:
+    jax.block_until_ready(_next(train_iter, cfg, 0))
+    first_batch_s = time.perf_counter() - start
+    for i in range(warmup):
+      _next(train_iter, cfg, i + 1)
+    cpu_before = _cpu_seconds()
+    times, real_tokens, slot_tokens = [], 0, 0
+    start = time.perf_counter()
+    for i in range(batches):
+      t = time.perf_counter()
+      batch = jax.block_until_ready(_next(train_iter, cfg, warmup + 1 + i))
+      times.append(time.perf_counter() - t)
+      for shard in batch["inputs_segmentation"].addressable_shards:  # this host's rows
+        real_tokens += int(np.count_nonzero(shard.data))
+        slot_tokens += shard.data.size
+    elapsed = time.perf_counter() - start
+    cpu_seconds = _cpu_seconds(cpu_before)
+  finally:
+    for iterator in (train_iter, eval_iter):
+      if iterator is not None:
+        iterator.close()
+  return bench_report.loading_summary(
+    times, first_batch_s, elapsed, real_tokens, slot_tokens, cpu_seconds, workers
+  )
+
+
+def measure_stages(cfg: Config, device_mesh, batches: int) -> dict:
+  """Median seconds per host batch of each stage, run one after another in this process.
+
+  Stages (see `input_pipeline.sequences`): `read` = epoch-plan lookup and gathering the
+  store's rows, `build` = modes, fill and tokenizing into the batch, `batch` = ShiftData on the
+  finished batch, `device` = `interface.to_global` until the arrays are on the device.
+  Step 0 is run once first, untimed, to build the epoch plan.
+  """
+  from maxtext_netdata.data import prepare
+  from maxtext_netdata.input_pipeline import interface, transforms
+  from maxtext_netdata.input_pipeline.sequences import BatchBuilder
+
+  size, sharding, lo, hi = interface.host_slice(cfg, device_mesh)
+  builder = BatchBuilder.from_config(cfg, prepare.ensure_prepared(cfg, progress=False).train, size)
+  times = {name: [] for name in ("read", "build", "batch", "device")}
+  for step in range(batches + 1):
+    t0 = time.perf_counter()
+    gathered = builder.gather(step, lo, hi)
+    t1 = time.perf_counter()
+    host = builder.build(gathered)
+    t2 = time.perf_counter()
+    host = transforms.shift_data(host)
+    t3 = time.perf_counter()
+    jax.block_until_ready(interface.to_global(host, sharding, size))
+    t4 = time.perf_counter()
+    if step:
+      for name, seconds in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+        times[name].append(seconds)
+  per_batch = {name: float(np.median(values)) for name, values in times.items()}
+  return {
+    "batches": batches,
+    "per_batch_s": per_batch,
+    "slowest": bench_report.slowest_stage(per_batch),
+  }
+
+
+def train_and_read_metrics(cfg: Config, steps: int, run_dir: Path, **overrides) -> dict:
+  """Trains `steps + WARMUP_STEPS` steps into `run_dir` and summarizes its metrics.jsonl.
+
+  The loop is the configured one (logging, TensorBoard) but without eval, which is no step
+  time, and without checkpoints: they are saved asynchronously, and a run must not resume
+  from one a previous bench left behind.
+  """
+  from maxtext_netdata.trainer import train
+
+  run_cfg = cfg.replace(
+    steps=steps + WARMUP_STEPS,
+    base_output_directory=str(run_dir.parent),
+    run_name=run_dir.name,
+    network_prepared_dir=cfg.prepared_dir,
+    enable_checkpointing=False,
+    eval_interval=-1,
+    **overrides,
+  )
+  summary = train.train(run_cfg)
+  with open(summary["metrics_path"], encoding="utf-8") as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  records = [r for r in records if "step_time_s" in r]
+  if len(records) <= WARMUP_STEPS:
+    raise ConfigError(
+      f"{summary['metrics_path']}: {len(records)} steps logged, expected {run_cfg.steps}"
+      f" (the data ended? num_epoch={cfg.num_epoch})"
+    )
+  return bench_report.training_summary(records, WARMUP_STEPS)
+
+
+def _next(iterator, cfg: Config, index: int) -> dict:
+  try:
+    return next(iterator)
+  except StopIteration:
+    raise ConfigError(
+      f"the training data ran out after {index} batches (num_epoch={cfg.num_epoch}): use"
+      " fewer --batches, more data or num_epoch=-1"
+    ) from None
+
+
+def _resolved_workers(cfg: Config, device_mesh) -> int:
+  """The worker count the pipeline will start (`grain_worker_count=-1` resolved)."""
+  from maxtext_netdata.input_pipeline import interface, network_grain
+
+  _, _, lo, hi = interface.host_slice(cfg, device_mesh)
+  return network_grain.worker_count(
+    cfg, network_grain.host_batch_bytes(hi - lo, cfg.max_target_length)
+  )
+
+
+def _cpu_seconds(before: dict[int, float] | None = None) -> dict[int, float] | float:
+  """CPU seconds per process of this one and its workers; with `before`, the total since."""
+  now = {}
+  processes = [psutil.Process()]
+  processes += processes[0].children(recursive=True)
+  for p in processes:
+    try:
+      times = p.cpu_times()
+    except psutil.Error:
+      continue
+    now[p.pid] = times.user + times.system
+  if before is None:
+    return now
+  return sum(seconds - before.get(pid, 0.0) for pid, seconds in now.items())
+
+
+def _cpu_cores() -> int:
+  return len(os.sched_getaffinity(0))
+
+
+def _parse_sweep(text: str | None) -> list[int]:
+  if not text:
+    return []
+  try:
+    values = sorted({int(v) for v in text.split(",") if v.strip()})
+  except ValueError:
+    raise ConfigError(f"--sweep-workers={text!r} must be comma-separated integers") from None
+  if any(v < 0 for v in values):
+    raise ConfigError(f"--sweep-workers={text!r}: worker counts must be >= 0")
+  return values
+
+
+def _progress(message: str) -> None:
+  print(f"[bench] {message}", flush=True)

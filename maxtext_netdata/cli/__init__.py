@@ -1,0 +1,75 @@
+"""The `maxtext-netdata` command: one subcommand per job, each with `--help`.
+
+The top of the house: it may import every room, and no room imports it.
+
+Each subcommand lives in its own module, which offers `add_arguments(parser)` and
+`run(args) -> int`; modules are imported only when their subcommand runs, so `--help` and
+light commands start fast. Expected failures (bad data, bad config) print one line naming
+the cause and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from maxtext_netdata.config import ConfigError
+from maxtext_netdata.errors import DataError, UserError
+
+# name → (module, one-line help)
+COMMANDS = {
+  "generate": ("maxtext_netdata.data.generate", "write realistic raw ping parquet shards"),
+  "prepare": ("maxtext_netdata.data.prepare", "raw parquet -> the prepared store (cached)"),
+  "tokenize": (
+    "maxtext_netdata.data.tokenize_cli",
+    "tokenize a raw parquet file, one JSON list per row",
+  ),
+  "decode": ("maxtext_netdata.format.decode_cli", "token ids back into readable measurements"),
+  "batches": ("maxtext_netdata.input_pipeline.batches_cli", "one digest line per batch"),
+  "train": ("maxtext_netdata.trainer.train", "train a model (MaxText-style trainer)"),
+  "bench": ("maxtext_netdata.bench.benchmark", "data-loading benchmark with a verdict"),
+  "maxtext-train": ("maxtext_netdata.maxtext.train", "run MaxText's trainer with the plugin"),
+}
+
+
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+    prog="maxtext-netdata",
+    description="Input pipeline, trainer and benchmark for network-measurement language models.",
+  )
+  sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+  sub.required = True
+  for name, (module_name, help_text) in COMMANDS.items():
+    command_parser = sub.add_parser(name, help=help_text, description=help_text)
+    if name == selected:
+      importlib.import_module(module_name).add_arguments(command_parser)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  selected = next((a for a in argv if not a.startswith("-")), None)
+  if selected not in COMMANDS:
+    selected = None
+  parser = build_parser(selected)
+  args, extra = parser.parse_known_args(argv)
+  # `key=value` overrides may also follow the options (`batches CONFIG --steps 3 seed=1`).
+  stray = [a for a in extra if a.startswith("-") or "=" not in a]
+  if stray or (extra and not hasattr(args, "overrides")):
+    parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+  if extra:
+    args.overrides = [*args.overrides, *extra]
+  module = importlib.import_module(COMMANDS[args.command][0])
+  try:
+    return int(module.run(args) or 0)
+  except (DataError, ConfigError, UserError) as e:
+    print(f"maxtext-netdata {args.command}: error: {e}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print(f"maxtext-netdata {args.command}: interrupted", file=sys.stderr)
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

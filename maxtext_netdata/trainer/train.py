@@ -1,0 +1,305 @@
+"""The MaxText-style trainer: `maxtext-netdata train CONFIG [key=value ...]`.
+
+One process drives every local device: a `data` mesh over all devices, parameters and
+optimizer state replicated, the batch split over `data_sharding`. Each step the host takes
+the next global batch from the input pipeline (timed as data wait), dispatches the jitted
+train step and hands its metrics, still on device, to the metric logger, which writes the
+previous step's. Checkpoints (Orbax) hold the train state and the iterator position; a
+restart in the same run directory resumes from the latest one and sees the batches an
+uninterrupted run would have seen.
+
+Configs that cannot work (a global batch not divisible over the devices, sequences shorter
+than one measurement, no training files) fail before any data is read or code compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maxtext_netdata.config import Config, ConfigError, initialize, load
+from maxtext_netdata.distributed import multihost
+from maxtext_netdata.distributed.mesh import batch_sharding, make_mesh, replicated
+from maxtext_netdata.input_pipeline.interface import global_batch_size
+from maxtext_netdata.trainer import checkpointing, evaluation, model
+from maxtext_netdata.trainer.metric_logger import MetricLogger
+
+# The longest measurement: start, IPv6 source and destination blocks (1 + 16 each), RTT
+# block (3) and an absolute timestamp (9). A sequence must hold at least one.
+LONGEST_MEASUREMENT_TOKENS = 1 + 17 + 17 + 3 + 9
+
+# Records left out of the summary's timings: the first step compiles, the second one's
+# interval still includes waiting for the first.
+_WARMUP_RECORDS = 2
+
+
+def check_config(config: Config, mesh: jax.sharding.Mesh) -> int:
+  """Raises ConfigError for a config that cannot train on `mesh`; returns the global batch."""
+  try:
+    model.check_model_config(config)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if config.max_target_length < LONGEST_MEASUREMENT_TOKENS:
+    raise ConfigError(
+      f"max_target_length={config.max_target_length} cannot hold one measurement: an IPv6"
+      f" measurement with an absolute timestamp takes {LONGEST_MEASUREMENT_TOKENS} tokens"
+    )
+  return global_batch_size(config, mesh)
+
+
+def make_optimizer(config: Config) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """AdamW with linear warmup and cosine decay over `learning_rate_schedule_steps`."""
+  schedule_steps = config.learning_rate_schedule_steps
+  if schedule_steps <= 0:
+    schedule_steps = config.steps
+  warmup = int(config.warmup_steps_fraction * schedule_steps)
+  schedule = optax.warmup_cosine_decay_schedule(
+    init_value=0.0,
+    peak_value=config.learning_rate,
+    warmup_steps=warmup,
+    decay_steps=max(schedule_steps, warmup + 1),
+    end_value=config.learning_rate * config.cosine_learning_rate_final_fraction,
+  )
+  adamw = optax.adamw(
+    schedule,
+    b1=config.adam_b1,
+    b2=config.adam_b2,
+    eps=config.adam_eps,
+    weight_decay=config.adam_weight_decay,
+  )
+  if config.gradient_clipping_threshold > 0:
+    adamw = optax.chain(optax.clip_by_global_norm(config.gradient_clipping_threshold), adamw)
+  return adamw, schedule
+
+
+def masked_loss(logits: jax.Array, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+  """Mean cross-entropy over real targets (`targets_segmentation != 0`), and their count."""
+  losses = evaluation.token_losses(logits, batch["targets"])
+  learned = batch["targets_segmentation"] != 0
+  real_tokens = jnp.sum(learned)
+  return jnp.sum(losses * learned) / jnp.maximum(real_tokens, 1), real_tokens
+
+
+class Trainer:
+  """The jitted init / train / eval functions of one config on one mesh."""
+
+  def __init__(self, config: Config, mesh: jax.sharding.Mesh):
+    self.config = config
+    self.model = model.Transformer(config)
+    self.optimizer, self.schedule = make_optimizer(config)
+    self.state_sharding = replicated(mesh)
+    self.batch_sharding = batch_sharding(config, mesh)
+    self.init_state = jax.jit(self._init_state, out_shardings=self.state_sharding)
+    self.train_step = jax.jit(
+      self._train_step,
+      in_shardings=(self.state_sharding, self.batch_sharding),
+      out_shardings=(self.state_sharding, self.state_sharding),
+      donate_argnums=0,
+    )
+    self.eval_step = jax.jit(
+      evaluation.make_eval_step(self.model.apply, config.vocab_size),
+      in_shardings=(self.state_sharding, self.batch_sharding),
+      out_shardings=self.state_sharding,
+    )
+
+  def _init_state(self, rng: jax.Array) -> dict[str, Any]:
+    dummy = jnp.zeros((1, self.config.max_target_length), jnp.int32)
+    params = self.model.init(rng, dummy, dummy, dummy + 1)["params"]
+    return {
+      "step": jnp.zeros((), jnp.int32),
+      "params": params,
+      "opt_state": self.optimizer.init(params),
+    }
+
+  def abstract_state(self) -> Any:
+    """Shapes, dtypes and shardings of the state, for restoring without initializing."""
+    shapes = jax.eval_shape(self._init_state, jax.random.key(0))
+    return jax.tree.map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=self.state_sharding), shapes
+    )
+
+  def _train_step(self, state: dict[str, Any], batch: dict[str, jax.Array]):
+    def loss_fn(params):
+      logits = self.model.apply(
+        {"params": params},
+        batch["inputs"],
+        batch["inputs_position"],
+        batch["inputs_segmentation"],
+      )
+      return masked_loss(logits, batch)
+
+    (loss, real_tokens), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    updates, opt_state = self.optimizer.update(grads, state["opt_state"], state["params"])
+    new_state = {
+      "step": state["step"] + 1,
+      "params": optax.apply_updates(state["params"], updates),
+      "opt_state": opt_state,
+    }
+    metrics = {
+      "loss": loss,
+      "real_tokens": real_tokens,
+      "learning_rate": self.schedule(state["step"]),
+      "grad_norm": optax.global_norm(grads),
+    }
+    return new_state, metrics
+
+
+def _rtt_baseline(config: Config):
+  """The unigram RTT baseline of the training split (network_grain only)."""
+  if config.dataset_type != "network_grain":
+    return None
+  from maxtext_netdata.data import prepare  # only network_grain has a prepared store
+
+  splits = prepare.ensure_prepared(config, progress=False)  # cached: the pipeline made it
+  return evaluation.rtt_unigram_log_probs(splits.train, config.vocab_size)
+
+
+def _summary(config: Config, logger: MetricLogger, trainer_params: int) -> dict[str, Any]:
+  train_records = [r for r in logger.history if "loss" in r]
+  timed = train_records[_WARMUP_RECORDS:] or train_records
+  step_time = sum(r["step_time_s"] for r in timed)
+  evals = [r for r in logger.history if "eval_loss" in r]
+  summary = {
+    "run_dir": str(config.run_dir),
+    "dataset_type": config.dataset_type,
+    "num_params": trainer_params,
+    "steps": len(train_records),
+    "last_step": train_records[-1]["step"] if train_records else None,
+    "mean_step_time_s": step_time / len(timed) if timed else None,
+    "median_step_time_s": float(np.median([r["step_time_s"] for r in timed])) if timed else None,
+    "data_wait_share": sum(r["data_wait_s"] for r in timed) / step_time if timed else None,
+    "real_tokens_per_s": sum(r["real_tokens"] for r in timed) / step_time if timed else None,
+    "padding_share": float(np.mean([r["padding_share"] for r in timed])) if timed else None,
+    "mfu": float(np.mean([r["mfu"] for r in timed])) if timed else None,
+    "first_loss": train_records[0]["loss"] if train_records else None,
+    "final_loss": train_records[-1]["loss"] if train_records else None,
+    "logger_write_s_per_step": logger.write_seconds / max(len(logger.history), 1),
+    "metrics_path": str(logger.metrics_path),
+    "tensorboard_dir": str(logger.tensorboard_dir) if logger.tensorboard_dir else None,
+  }
+  if evals:
+    summary.update({k: v for k, v in evals[-1].items() if k.startswith("eval_")})
+  return summary
+
+
+def train(
+  config: Config,
+  data_iterators: tuple[Iterator, Iterator | None] | None = None,
+) -> dict[str, Any]:
+  """Trains `config.steps` steps (resuming from the latest checkpoint) and returns a summary.
+
+  `data_iterators` replaces `create_data_iterator(config, mesh)`: a (train, eval or None)
+  pair yielding global batches sharded like the pipeline's and offering
+  `get_state()`/`set_state()`. The summary (which process 0 also writes to
+  `<run_dir>/summary.json`) holds steps, mean_step_time_s (first steps excluded),
+  data_wait_share, real_tokens_per_s, first/final loss, the last eval_* values,
+  logger_write_s_per_step and the output paths.
+  """
+  multihost.initialize_distributed(config)
+  mesh = make_mesh(config)
+  global_batch = check_config(config, mesh)
+  if data_iterators is None:
+    from maxtext_netdata.input_pipeline import create_data_iterator
+
+    data_iterators = create_data_iterator(config, mesh)
+  train_iter, eval_iter = data_iterators
+  manager = checkpointing.create_manager(config)
+  logger = None
+  try:
+    trainer = Trainer(config, mesh)
+    print(
+      f"train: {model.num_params(config) / 1e6:.1f}M parameters, {mesh.size} devices,"
+      f" global batch {global_batch} x {config.max_target_length} tokens,"
+      f" dataset_type={config.dataset_type}",
+      flush=True,
+    )
+    start_step = 0
+    restored = checkpointing.restore_latest(manager, trainer.abstract_state()) if manager else None
+    if restored is not None:
+      start_step, state, iterator_state = restored
+      train_iter.set_state(iterator_state)
+      print(f"train: resumed from {checkpointing.checkpoint_dir(config)}/{start_step}")
+    else:
+      state = trainer.init_state(jax.random.key(0))
+    if start_step >= config.steps:
+      print(f"train: {config.run_dir} already holds all {config.steps} steps; nothing to do")
+    if config.eval_interval > 0 and eval_iter is None:
+      print(f"train: dataset_type={config.dataset_type} has no eval data; no eval runs")
+    eval_start = eval_iter.get_state() if eval_iter is not None else None
+    rtt_log_probs = _rtt_baseline(config) if eval_iter is not None else None
+    logger = MetricLogger(config, mesh.size, start_step)
+
+    last = time.perf_counter()
+    for step in range(start_step, config.steps):
+      wait_start = time.perf_counter()
+      try:
+        batch = next(train_iter)
+      except StopIteration:
+        print(f"train: the data ended after {step} steps (num_epoch={config.num_epoch})")
+        break
+      data_wait = time.perf_counter() - wait_start
+      state, metrics = trainer.train_step(state, batch)
+      metrics["data_wait_s"] = data_wait
+      now = time.perf_counter()
+      logger.buffer_and_write_train_metrics(metrics, step, now - last)
+      last = now
+      completed = step + 1
+      eval_due = config.eval_interval > 0 and (
+        completed % config.eval_interval == 0 or completed == config.steps
+      )
+      if eval_due and eval_iter is not None:
+        eval_iter.set_state(eval_start)  # every eval sees the same batches
+        logger.record_eval(
+          evaluation.evaluate(
+            trainer.eval_step, state["params"], eval_iter, config.eval_steps, rtt_log_probs
+          ),
+          step,
+        )
+        last = time.perf_counter()  # eval time is no step time
+      last_step = completed == config.steps
+      if manager is not None and (completed % config.checkpoint_period == 0 or last_step):
+        checkpointing.save(manager, completed, state, train_iter.get_state())
+    logger.flush()
+  finally:
+    if logger is not None:
+      logger.close()
+    if manager is not None:
+      manager.close()
+    for iterator in (train_iter, eval_iter):
+      if iterator is not None and hasattr(iterator, "close"):
+        iterator.close()
+  summary = _summary(config, logger, model.num_params(config))
+  if jax.process_index() == 0:  # one writer per shared run directory, as for the metrics
+    (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+  return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("config", help="YAML config, e.g. configs/smoke.yml")
+  parser.add_argument("overrides", nargs="*", help="key=value overrides")
+
+
+def run(args: argparse.Namespace) -> int:
+  summary = train(load(args.config, args.overrides))
+  print("train summary: " + json.dumps(summary, indent=2))
+  return 0
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+  """MaxText's entry: `main(["prog", CONFIG, "key=value", ...])` → the run's summary."""
+  summary = train(initialize(list(sys.argv if argv is None else argv)))
+  print("train summary: " + json.dumps(summary, indent=2))
+  return summary
+
+
+if __name__ == "__main__":
+  main()

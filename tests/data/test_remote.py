@@ -1,0 +1,260 @@
+"""Remote storage: glob expansion, retries, and prepare from s3:// (a local moto S3 server)."""
+
+import http.client
+import http.server
+import os
+import socket
+import threading
+
+import boto3
+import numpy as np
+import pytest
+from moto.server import ThreadedMotoServer
+
+from maxtext_netdata import config
+from maxtext_netdata.data import prepare, remote, store
+from maxtext_netdata.data.generate import generate
+from maxtext_netdata.errors import DataError
+
+BUCKET = "pings"
+
+
+@pytest.fixture(scope="module")
+def raw_files(tmp_path_factory):
+  return generate(str(tmp_path_factory.mktemp("raw")), rows=8_000, shards=3, seed=3, progress=False)
+
+
+@pytest.fixture(scope="module")
+def s3(raw_files):
+  """A moto S3 server on a free loopback port holding the raw files under `s3://pings/raw/`."""
+  with pytest.MonkeyPatch.context() as env:
+    for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+      env.delenv(key, raising=False)
+    env.setenv("AWS_ACCESS_KEY_ID", "testing")
+    env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+      host, port = server.get_host_and_port()
+      endpoint = f"http://{host}:{port}"
+      client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+      client.create_bucket(Bucket=BUCKET)
+      for path in raw_files:
+        client.upload_file(path, BUCKET, f"raw/{os.path.basename(path)}")
+      yield endpoint
+    finally:
+      server.stop()
+
+
+class FlakyProxy:
+  """A loopback HTTP proxy in front of `target` that answers 503 to every `nth` request."""
+
+  def __init__(self, target: str, nth: int):
+    self.target = target.removeprefix("http://")
+    self.nth = nth
+    self.requests = 0
+    self.failed = 0
+    self.failed_reads = 0  # ranged GETs: reads of parquet data, after the file was opened
+    lock = threading.Lock()
+    proxy = self
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+      protocol_version = "HTTP/1.1"
+
+      def log_message(self, *args):
+        pass
+
+      def _handle(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with lock:
+          proxy.requests += 1
+          fail = proxy.nth and proxy.requests % proxy.nth == 0
+          proxy.failed += bool(fail)
+          proxy.failed_reads += bool(fail and self.command == "GET" and "Range" in self.headers)
+        if fail:
+          error = b"<Error><Code>ServiceUnavailable</Code><Message>busy</Message></Error>"
+          self.send_response(503)
+          self.send_header("Content-Type", "application/xml")
+          self.send_header("Content-Length", str(len(error)))
+          self.end_headers()
+          self.wfile.write(error)
+          return
+        connection = http.client.HTTPConnection(proxy.target, timeout=30)
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+        connection.request(self.command, self.path, body=body or None, headers=headers)
+        response = connection.getresponse()
+        data = response.read()
+        self.send_response(response.status)
+        for key, value in response.getheaders():
+          if key.lower() not in ("content-length", "connection", "transfer-encoding"):
+            self.send_header(key, value)
+        # A HEAD answer has no body but the length of the object it describes.
+        length = response.getheader("Content-Length") if self.command == "HEAD" else len(data)
+        self.send_header("Content-Length", str(length or 0))
+        self.end_headers()
+        if self.command != "HEAD":
+          self.wfile.write(data)
+        connection.close()
+
+      do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
+
+    self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+  @property
+  def endpoint(self) -> str:
+    return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+  def __enter__(self):
+    self.thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self.server.shutdown()
+    self.server.server_close()
+    self.thread.join()
+
+
+def s3_config(prepared_dir, files, endpoint, *overrides):
+  return config.load(
+    None,
+    [
+      f"grain_train_files={files}",
+      f"network_prepared_dir={prepared_dir}",
+      f"network_s3_endpoint={endpoint}",
+      "network_remote_backoff_s=0.01",
+      *overrides,
+    ],
+  )
+
+
+def assert_same_store(a: store.PreparedStore, b: store.PreparedStore):
+  assert a.num_rows == b.num_rows and a.num_probes == b.num_probes
+  for name in (*store.PROBE_ARRAYS, "dst", "seconds", "rtt_bytes", "failed", "rtt_ms"):
+    np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+
+
+def test_store_from_s3_equals_store_from_local_files(tmp_path, raw_files, s3):
+  local = prepare.prepare(
+    config.load(
+      None, [f"grain_train_files={','.join(raw_files)}", f"network_prepared_dir={tmp_path / 'l'}"]
+    ),
+    progress=False,
+  )
+  cfg = s3_config(tmp_path / "s", f"s3://{BUCKET}/raw/*.parquet", s3)
+  remote_splits = prepare.prepare(cfg, progress=False)
+  assert_same_store(local.train, remote_splits.train)
+  assert_same_store(local.eval, remote_splits.eval)
+  assert remote_splits.summary["train_files"] == [
+    f"s3://{BUCKET}/raw/{os.path.basename(p)}" for p in raw_files
+  ]
+  assert prepare.ensure_prepared(cfg, progress=False).cached
+
+
+def test_endpoint_and_region_come_from_the_environment(tmp_path, s3, monkeypatch):
+  monkeypatch.setenv("AWS_ENDPOINT_URL", s3)
+  options = remote.StorageOptions.from_config(config.load(None, []))
+  assert options.s3_endpoint == s3 and options.s3_region == "us-east-1"
+  assert len(remote.expand(f"s3://{BUCKET}/raw", options)) == 3  # a prefix: its parquet files
+
+
+def test_flaky_server_is_survived_by_retries(tmp_path, raw_files, s3):
+  with FlakyProxy(s3, nth=3) as proxy:
+    cfg = s3_config(tmp_path / "f", f"s3://{BUCKET}/raw/*.parquet", proxy.endpoint)
+    splits = prepare.prepare(cfg, progress=False)
+  assert proxy.failed_reads > 0  # failures in the middle of reading a file were survived
+  direct = prepare.prepare(s3_config(tmp_path / "d", f"s3://{BUCKET}/raw/*.parquet", s3))
+  assert_same_store(splits.train, direct.train)
+
+
+def test_persistent_server_errors_fail_after_the_configured_attempts(tmp_path, s3):
+  with FlakyProxy(s3, nth=1) as proxy:
+    cfg = s3_config(
+      tmp_path, f"s3://{BUCKET}/raw/*.parquet", proxy.endpoint, "network_remote_retries=3"
+    )
+    with pytest.raises(DataError, match="after 3 attempts") as error:
+      prepare.prepare(cfg, progress=False)
+  assert proxy.requests == 3
+  assert f"s3://{BUCKET}/raw/*.parquet" in str(error.value)
+
+
+@pytest.mark.parametrize(
+  ("uri", "message"),
+  [
+    ("s3://no-such-bucket/raw/*.parquet", "NO_SUCH_BUCKET"),
+    (f"s3://{BUCKET}/raw/missing.parquet", "no such file"),
+    (f"s3://{BUCKET}/raw/*.csv", "no file matches"),
+  ],
+)
+def test_missing_bucket_or_object_fails_at_once_naming_the_uri(tmp_path, s3, uri, message):
+  with FlakyProxy(s3, nth=0) as proxy:
+    with pytest.raises(DataError, match=message) as error:
+      prepare.prepare(s3_config(tmp_path, uri, proxy.endpoint), progress=False)
+  assert uri in str(error.value)
+  assert proxy.requests <= 2  # no retries
+
+
+def test_local_globs(tmp_path):
+  for name in ("a/x.parquet", "a/y.parquet", "a/b/z.parquet", "a/notes.txt"):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_bytes(b"")
+  options = remote.StorageOptions()
+
+  def names(pattern):
+    return [
+      os.path.relpath(e.uri, tmp_path) for e in remote.expand(str(tmp_path / pattern), options)
+    ]
+
+  assert names("a/*.parquet") == ["a/x.parquet", "a/y.parquet"]
+  assert names("a/**.parquet") == ["a/b/z.parquet", "a/x.parquet", "a/y.parquet"]
+  assert names("a/[xz].parquet") == ["a/x.parquet"]
+  assert names("a") == ["a/b/z.parquet", "a/x.parquet", "a/y.parquet"]
+  assert names("a/x.parquet") == ["a/x.parquet"]
+  both = remote.expand_all(f"{tmp_path}/a/y.parquet, {tmp_path}/a/*.parquet", options)
+  assert [os.path.basename(e.uri) for e in both] == ["x.parquet", "y.parquet"]
+  with pytest.raises(DataError, match="no file matches"):
+    remote.expand(str(tmp_path / "a/*.csv"), options)
+  with pytest.raises(DataError, match="unsupported storage scheme"):
+    remote.expand("ftp://host/x.parquet", options)
+
+
+def test_retries_back_off_on_transient_errors_only():
+  options = remote.StorageOptions(retries=4, backoff_s=0.0)
+  calls = []
+
+  def flaky():
+    calls.append(1)
+    if len(calls) < 3:
+      raise OSError("AWS Error SLOW_DOWN during GetObject operation: slow down")
+    return "ok"
+
+  assert remote.with_retries(flaky, uri="s3://b/k", what="read", options=options) == "ok"
+  assert len(calls) == 3
+
+  def missing():
+    calls.append(1)
+    raise FileNotFoundError("s3://b/k")
+
+  calls.clear()
+  with pytest.raises(DataError, match="s3://b/k: cannot read: no such file"):
+    remote.with_retries(missing, uri="s3://b/k", what="read", options=options)
+  assert len(calls) == 1
+
+
+def test_unreachable_gcs_endpoint_fails_in_seconds_naming_the_uri(tmp_path, monkeypatch):
+  with socket.socket() as closed:  # a port nothing listens on
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+  cfg = config.load(
+    None,
+    [
+      "grain_train_files=gs://pings/raw/x.parquet",
+      f"network_prepared_dir={tmp_path}",
+      "network_remote_retries=2",
+      "network_remote_backoff_s=0.01",
+    ],
+  )
+  with pytest.raises(DataError, match="gs://pings/raw/x.parquet: cannot look up after 2 attempts"):
+    prepare.prepare(cfg, progress=False)

@@ -1,0 +1,135 @@
+"""The prepared store: lazy memory-mapped splits that pickle as their path; grouping and sorting."""
+
+import json
+import multiprocessing
+import os
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from maxtext_netdata.data import schema, store
+from maxtext_netdata.errors import DataError
+
+
+def raw_columns(src, version, dst, seconds, rtt):
+  """Validated columns of a small table of address texts."""
+  table = pa.table(
+    {
+      "event_time": pa.array(np.asarray(seconds), pa.timestamp("s")),
+      "src_addr": src,
+      "dst_addr": dst,
+      "ip_version": pa.array(version, pa.int8()),
+      "rtt": pa.array(rtt, pa.float64()),
+    }
+  )
+  return schema.validate_table(table, source="test")[0]
+
+
+ROWS = {
+  "src": ["192.0.2.9", "2001:db8::1", "192.0.2.9", "192.0.2.1", "192.0.2.9", "", "192.0.2.9"],
+  "version": [4, 6, 4, 4, 4, 6, 4],
+  "dst": ["8.8.8.8", "2001:db8::53", "1.1.1.1", "8.8.8.8", "9.9.9.9", "::1", "1.1.1.1"],
+  "seconds": [30, 10, 20, 5, 20, 7, 20],
+  "rtt": [1.5, 20.0, 3.0, -1.0, 2.0, 4.0, 2.5],
+}
+
+
+def build(order, chunks=1, hashed=False):
+  builder = store.ProbeRowsBuilder(len(order), hashed=hashed)
+  for part in np.array_split(np.asarray(order), chunks):
+    builder.add(raw_columns(*[[ROWS[k][i] for i in part] for k in ROWS]))
+  return builder.finish()
+
+
+def test_rows_are_grouped_by_probe_and_sorted_whatever_the_input_order():
+  rows = build(range(7))
+  # Probes by (version, address): 192.0.2.1, 192.0.2.9, ::, 2001:db8::1.
+  np.testing.assert_array_equal(rows.probe_version, [4, 4, 6, 6])
+  np.testing.assert_array_equal(
+    rows.probe_src[:, :4], [[192, 0, 2, 1], [192, 0, 2, 9], [0, 0, 0, 0], [0x20, 0x01, 0x0D, 0xB8]]
+  )
+  np.testing.assert_array_equal(rows.probe_offsets, [0, 1, 5, 6, 7])
+  np.testing.assert_array_equal(rows.seconds, [5, 20, 20, 20, 30, 7, 10])
+  np.testing.assert_array_equal(rows.failed, [True, False, False, False, False, False, False])
+  for order, chunks in (
+    ([6, 5, 4, 3, 2, 1, 0], 1),
+    ([2, 4, 6, 0, 1, 3, 5], 3),
+    ([4, 6, 2, 0, 5, 1, 3], 7),
+  ):
+    other = build(order, chunks)
+    for name in (*store.PROBE_ARRAYS, *store.ROW_ARRAYS):
+      a, b = getattr(rows, name), getattr(other, name)
+      if a is None:
+        assert b is None
+      else:
+        np.testing.assert_array_equal(a, b, err_msg=f"{name} for order {order}")
+
+
+def test_take_rows_matches_fancy_indexing():
+  rng = np.random.default_rng(0)
+  index = rng.permutation(1000)[:700]
+  for array in (
+    rng.integers(0, 256, (1000, 16), dtype=np.uint8),
+    rng.integers(0, 256, (1000, 2), dtype=np.uint8),
+    rng.integers(0, 256, (1000, 3), dtype=np.uint8),
+    rng.random(1000).astype(np.float32),
+    rng.random(1000) < 0.5,
+  ):
+    np.testing.assert_array_equal(store.take_rows(array, index), array[index])
+
+
+def written(tmp_path, hashed=False) -> store.PreparedStore:
+  path = str(tmp_path / "split")
+  counts = build(range(7), hashed=hashed).write(path, {"split": "train"})
+  assert counts == {"rows": 7, "probes": 4, "failed": 1}
+  return store.PreparedStore(path)
+
+
+def _sum_seconds(split):
+  return int(split.seconds.sum()), type(split.seconds).__name__
+
+
+def test_store_opens_lazily_memory_maps_and_pickles_as_its_path(tmp_path):
+  split = written(tmp_path)
+  assert "seconds" not in vars(split)
+  assert split.num_rows == 7 and split.num_probes == 4 and split.meta["split"] == "train"
+  assert isinstance(split.dst, np.memmap) and split.dst.shape == (7, 16)
+  assert split.hashed_order is None
+  assert split.probe_rows(1) == slice(1, 5)
+  data = pickle.dumps(split)
+  assert len(data) < 500  # the path, not the arrays
+  assert pickle.loads(data).seconds.tolist() == split.seconds.tolist()
+  # A spawned process (as Grain starts its workers) opens the store from the path.
+  with multiprocessing.get_context("spawn").Pool(1) as pool:
+    assert pool.apply(_sum_seconds, (split,)) == (int(np.sum(ROWS["seconds"])), "memmap")
+
+
+def test_write_keeps_only_selected_rows_and_their_probes(tmp_path):
+  rows = build(range(7))
+  keep = np.array([False, True, True, False, False, True, False])
+  path = str(tmp_path / "part")
+  assert rows.write(path, {}, keep) == {"rows": 3, "probes": 2, "failed": 0}
+  split = store.PreparedStore(path)
+  np.testing.assert_array_equal(split.probe_offsets, [0, 2, 3])
+  np.testing.assert_array_equal(split.seconds, rows.seconds[keep])
+
+
+def test_hashed_order_is_stored_when_asked(tmp_path):
+  split = written(tmp_path, hashed=True)
+  assert split.hashed_order.shape == (7, 2) and split.hashed_order.max() < 24
+
+
+def test_not_a_store_is_an_error(tmp_path):
+  with pytest.raises(DataError, match="not a prepared store"):
+    store.PreparedStore(str(tmp_path))
+  split = written(tmp_path)
+  meta_path = os.path.join(split.path, store.META_FILE)
+  meta = json.load(open(meta_path))
+  np.save(os.path.join(split.path, "seconds.npy"), np.zeros(3, np.int64))
+  with pytest.raises(DataError, match=r"seconds.npy: int64\[3\], expected int64\[7\]"):
+    _ = store.PreparedStore(split.path).seconds
+  store.write_json(meta_path, {**meta, "format_version": store.FORMAT_VERSION + 1})
+  with pytest.raises(DataError, match="run prepare"):
+    store.PreparedStore(split.path)

@@ -1,0 +1,213 @@
+"""Real MaxText trains on `dataset_type=network_grain` through the plugin (CPU, tiny model).
+
+The training tests run `python -m maxtext_netdata.maxtext.train` (MaxText's own trainer) in
+subprocesses; the config tests call MaxText's `pyconfig` in-process.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
+
+from maxtext_netdata.config import ConfigError  # noqa: E402
+from maxtext_netdata.maxtext import plugin as maxtext_plugin  # noqa: E402
+
+SMOKE = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "maxtext", "smoke.yml")
+TINY = [
+  "base_num_decoder_layers=1",
+  "base_emb_dim=64",
+  "base_num_query_heads=4",
+  "base_num_kv_heads=4",
+  "head_dim=16",
+  "base_mlp_dim=128",
+  "max_target_length=128",
+  "per_device_batch_size=4",
+  "log_period=1",
+  "async_checkpointing=false",
+]
+
+
+@pytest.fixture(scope="module")
+def data_overrides(sample_dir, tmp_path_factory) -> list[str]:
+  prepared = tmp_path_factory.mktemp("prepared")
+  return [
+    f"grain_train_files={os.path.join(sample_dir, '*.parquet')}",
+    f"network_prepared_dir={prepared}",
+  ]
+
+
+@pytest.fixture(scope="module")
+def jax_cache(tmp_path_factory) -> str:
+  """Compiled steps shared by the runs of one model."""
+  return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+def _train(out, run_name, overrides, jax_cache) -> tuple[subprocess.CompletedProcess, list[dict]]:
+  """One MaxText training run; its per-step metrics (MaxText's `metrics_file`)."""
+  metrics_file = os.path.join(out, f"{run_name}-{len(os.listdir(out))}.jsonl")
+  argv = [
+    sys.executable,
+    "-m",
+    "maxtext_netdata.maxtext.train",
+    SMOKE,
+    f"base_output_directory={out}",
+    f"run_name={run_name}",
+    f"metrics_file={metrics_file}",
+    f"jax_cache_dir={jax_cache}",
+    *TINY,
+    *overrides,
+  ]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=400)
+  assert result.returncode == 0, result.stderr[-4000:]
+  with open(metrics_file, encoding="utf-8") as f:
+    return result, [json.loads(line) for line in f]
+
+
+def _iter_state(out, run_name, step) -> dict:
+  path = os.path.join(out, run_name, "checkpoints", str(step), "iter", "process_0-of-1.json")
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _maxtext_config(*overrides):
+  from maxtext.configs import pyconfig  # noqa: PLC0415
+
+  maxtext_plugin.install()
+  return pyconfig.initialize(["test", SMOKE, "base_output_directory=/tmp/unused", *overrides])
+
+
+@pytest.mark.slow
+def test_resume_from_maxtext_checkpoint_continues_the_data_exactly(
+  tmp_path, data_overrides, jax_cache
+):
+  """An interrupted run resumed from MaxText's checkpoint trains on the same batches, with the
+  same losses, as an uninterrupted one; those batches are our pipeline's, step by step."""
+  # One learning-rate schedule for all three runs (MaxText's default spans `steps`).
+  common = [*data_overrides, "checkpoint_period=100", "learning_rate_schedule_steps=6"]
+  _, whole = _train(tmp_path, "whole", [*common, "steps=6"], jax_cache)
+  _, first = _train(tmp_path, "cut", [*common, "steps=3"], jax_cache)
+  resumed_run, resumed = _train(tmp_path, "cut", [*common, "steps=6"], jax_cache)
+
+  assert [m["step"] for m in whole] == [0, 1, 2, 3, 4, 5]
+  assert [m["step"] for m in first] == [0, 1, 2]
+  assert [m["step"] for m in resumed] == [3, 4, 5]
+  assert "restoring from this run's directory step 2" in resumed_run.stderr
+  assert all(math.isfinite(m["learning/loss"]) for m in whole)
+  for key in ("learning/loss", "learning/padding_fraction", "learning/total_weights"):
+    assert [m[key] for m in first + resumed] == pytest.approx([m[key] for m in whole], rel=1e-6)
+  # MaxText saved our Grain iterator's state with each checkpoint: after 3 and after 6 batches.
+  assert _iter_state(tmp_path, "cut", 2) == {"next_index": 3}
+  assert _iter_state(tmp_path, "cut", 5) == _iter_state(tmp_path, "whole", 5) == {"next_index": 6}
+  assert all(m["perf/data_wait_seconds"] >= 0 for m in whole)
+
+  # The padding MaxText saw at each step is that of our pipeline's batch of that step.
+  from maxtext_netdata.data import prepare  # noqa: PLC0415
+  from maxtext_netdata.input_pipeline import network_grain  # noqa: PLC0415
+  from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: PLC0415
+
+  ours = maxtext_plugin.network_config(_maxtext_config(*TINY, *common, "steps=6"))
+  builder = BatchBuilder.from_config(
+    ours, prepare.ensure_prepared(ours, progress=False).train, ours.global_batch_size_to_load
+  )
+  iterator = network_grain.make_iterator(ours, builder, 0, ours.global_batch_size_to_load, 6)
+  expected = [float(np.mean(next(iterator)["targets_segmentation"] == 0)) for _ in range(6)]
+  assert [m["learning/padding_fraction"] for m in whole] == pytest.approx(expected)
+
+
+@pytest.mark.slow
+def test_synthetic_still_trains_with_the_plugin(tmp_path, jax_cache):
+  result, metrics = _train(
+    tmp_path,
+    "synthetic",
+    ["dataset_type=synthetic", "steps=3", "enable_checkpointing=false"],
+    jax_cache,
+  )
+  assert [m["step"] for m in metrics] == [0, 1, 2]
+  assert all(math.isfinite(m["learning/loss"]) for m in metrics)
+  assert not any("perf/data_wait_seconds" in m for m in metrics)
+  assert "completed step: 2" in result.stderr
+
+
+def test_maxtext_config_admits_network_grain_and_network_keys(data_overrides):
+  config = _maxtext_config(
+    *data_overrides,
+    "network_field_order=hashed",
+    "network_test_fraction=0.25",
+    "grain_prefetch_buffer_size=100",
+    "per_device_batch_size=16",
+  )
+  assert config.dataset_type == "network_grain"
+  ours = maxtext_plugin.network_config(config)
+  assert ours.dataset_type == "network_grain"
+  assert ours.network_field_order == "hashed"
+  assert ours.network_test_fraction == 0.25
+  assert ours.max_target_length == config.max_target_length == 256
+  assert ours.global_batch_size_to_load == config.global_batch_size_to_load == 16
+  assert ours.grain_prefetch_buffer_size == 7  # 100 examples in batches of 16
+  assert ours.grain_train_files == config.grain_train_files
+
+
+def test_maxtext_rejects_unknown_network_key():
+  with pytest.raises(
+    maxtext_plugin.MaxTextPluginError,
+    match=r"unknown config key 'network_test_fractoin'; did you mean 'network_test_fraction'\?",
+  ):
+    _maxtext_config("network_test_fractoin=0.2")
+
+
+def test_maxtext_rejects_wrong_type_and_unknown_dataset_type():
+  with pytest.raises(ValueError, match="network_test_fraction"):
+    _maxtext_config("network_test_fraction=lots")
+  with pytest.raises(ValueError, match="dataset_type"):
+    _maxtext_config("dataset_type=network_grian")
+
+
+def test_our_validation_applies_to_network_values():
+  config = _maxtext_config("network_field_order=sorted")
+  with pytest.raises(ConfigError, match="network_field_order='sorted' is not one of"):
+    maxtext_plugin.network_config(config)
+
+
+def test_install_is_idempotent_and_keeps_other_dataset_types():
+  from maxtext.input_pipeline import input_pipeline_interface  # noqa: PLC0415
+
+  first = maxtext_plugin.install()
+  patched = input_pipeline_interface.create_data_iterator
+  assert maxtext_plugin.install() is first
+  assert input_pipeline_interface.create_data_iterator is patched
+  assert _maxtext_config("dataset_type=grain", "grain_train_files=x").dataset_type == "grain"
+
+
+def test_unsupported_maxtext_version_is_named(monkeypatch):
+  monkeypatch.setattr(maxtext_plugin, "_maxtext_version", lambda: "0.1.9")
+  with pytest.raises(
+    maxtext_plugin.MaxTextPluginError, match=r"maxtext 0.1.9 is installed.*>=0.2.5,<0.3"
+  ):
+    maxtext_plugin._modules()
+
+
+def test_eval_iterator_serves_the_test_split_again_at_every_eval(data_overrides):
+  from maxtext.input_pipeline import input_pipeline_interface  # noqa: PLC0415
+  from maxtext.utils import maxtext_utils  # noqa: PLC0415
+
+  config = _maxtext_config(*TINY, *data_overrides, "eval_interval=2", "eval_steps=2")
+  mesh = maxtext_utils.get_mesh_from_config(config)
+  train, evaluation = input_pipeline_interface.create_data_iterator(config, mesh)
+  try:
+    first = [np.asarray(batch["inputs"]) for batch in evaluation]
+    second = [np.asarray(batch["inputs"]) for batch in evaluation]
+    train_batches = [np.asarray(next(train)["inputs"]) for _ in range(2)]
+  finally:
+    train.close()
+    evaluation.close()
+  assert len(first) == 2
+  assert all(a.shape == (4, 128) for a in first)
+  np.testing.assert_array_equal(first, second)
+  assert not any(np.array_equal(a, b) for a in first for b in train_batches)
