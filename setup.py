@@ -5,6 +5,8 @@ from setuptools import find_packages, setup
 # Tested ranges; scripts/setup_env.sh installs the exact versions of constraints.txt.
 INSTALL_REQUIRES = [
   "numpy>=2.1,<3",
+  # The batch kernel; 0.68 is the first release that accepts numpy 2.5.
+  "numba>=0.68.1,<0.69",
   "pyarrow>=25,<27",
   "pyyaml>=6,<7",
   "grain>=0.2.18,<0.3",
