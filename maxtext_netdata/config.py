@@ -1,10 +1,17 @@
-"""MaxText-style configuration: a YAML file plus `key=value` overrides.
+"""MaxText-style configuration: one typed model, a YAML file and `key=value` overrides.
 
-`initialize(["prog", "configs/smoke.yml", "steps=10"])` reads `configs/base.yml` (every key
-with its default), the named YAML on top (which may chain further through `base_config`),
-then the overrides, and returns a read-only `Config`. Types come from the defaults in
-`base.yml`: an unknown key is an error that suggests the closest known key, a value of the
-wrong type is an error naming key, value and expected type.
+`ConfigModel` (pydantic, like MaxText's `MaxTextConfig`) is the one list of keys: each field's
+type, default and description. From it derive `load`'s validation and its one-line errors (an
+unknown key names the closest known one; a value of the wrong type names key, value and
+expected type), the documented defaults of `configs/base.yml` (`python -m
+maxtext_netdata.config` writes it; a test checks the file matches) and the MaxText plugin's
+config subclass. Adding a key is one field here (then regenerate base.yml).
+
+`initialize(["prog", "configs/smoke.yml", "steps=10"])` starts from the model's defaults, applies
+the named YAML (which may chain further through `base_config`), then the overrides, and returns
+a read-only `Config`: plain values, cheap to pickle to Grain workers.
+
+Over 400 lines for a reason: the model holds one field per key (57), most of them two lines.
 """
 
 from __future__ import annotations
@@ -13,9 +20,10 @@ import difflib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 _PACKAGE_CONFIGS = Path(__file__).resolve().parent / "configs"
 _REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -23,6 +31,256 @@ _REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 class ConfigError(ValueError):
   """A configuration that cannot be used, with a message meant for the user."""
+
+
+# Value checks. Each raises ValueError("<reason>"); errors read "<source>: key=value <reason>".
+
+
+def _positive(value: int) -> int:
+  if value <= 0:
+    raise ValueError("must be positive")
+  return value
+
+
+def _worker_count(value: int) -> int:
+  if value < -1:
+    raise ValueError("must be -1, 0 or more")
+  return value
+
+
+def _epochs(value: int) -> int:
+  if value == 0 or value < -1:
+    raise ValueError("must be -1 (forever) or >= 1")
+  return value
+
+
+def _fraction(value: float) -> float:
+  if not 0.0 <= value < 1.0:
+    raise ValueError("must be in [0, 1)")
+  return value
+
+
+def _mode_weights(value: list[float]) -> list[float]:
+  if len(value) != 3 or min(value) < 0 or sum(value) <= 0:
+    raise ValueError("must be three non-negative numbers (full, partial, none) with a positive sum")
+  return value
+
+
+def _registered_dataset_type(value: str) -> str:
+  # The registry is a leaf module without JAX: reading it here keeps one list of dataset types.
+  from maxtext_netdata.input_pipeline import registry  # noqa: PLC0415
+
+  if value not in registry.dataset_types():
+    raise ValueError(f"is not one of {', '.join(registry.dataset_types())}")
+  return value
+
+
+def _float_text(value: Any) -> Any:
+  """YAML 1.1 reads "1e-3" (no dot) as text; MaxText users write it."""
+  if isinstance(value, str):
+    try:
+      return float(value)
+    except ValueError:
+      pass
+  return value
+
+
+def _as_list(value: Any) -> Any:
+  return list(value) if isinstance(value, tuple) else value
+
+
+def _empty_if_none(value: Any) -> Any:
+  return "" if value is None else value
+
+
+Text = Annotated[str, BeforeValidator(_empty_if_none)]
+Real = Annotated[float, BeforeValidator(_float_text)]
+Positive = Annotated[int, AfterValidator(_positive)]
+WorkerCount = Annotated[int, AfterValidator(_worker_count)]
+Epochs = Annotated[int, AfterValidator(_epochs)]
+Fraction = Annotated[float, BeforeValidator(_float_text), AfterValidator(_fraction)]
+Names = Annotated[list[str], BeforeValidator(_as_list)]
+ModeWeights = Annotated[list[float], BeforeValidator(_as_list), AfterValidator(_mode_weights)]
+DatasetType = Annotated[str, AfterValidator(_registered_dataset_type)]
+
+
+class ConfigModel(BaseModel):
+  """Every key maxtext_netdata knows: type, default and the description base.yml shows.
+
+  Strict like our YAML: an int is no bool, a float no int; an int is a float, None is "" and
+  "1e-3" is 1e-3 (see the Annotated types above).
+  """
+
+  model_config = ConfigDict(strict=True, extra="forbid")
+
+  run_name: Text = Field(
+    "netdata_run", description="sub-directory of base_output_directory for this run's outputs"
+  )
+  base_output_directory: Text = Field(
+    "runs", description="where runs write metrics, TensorBoard logs and checkpoints"
+  )
+  steps: Positive = Field(100, description="training steps")
+  log_period: Positive = Field(
+    10, description="a stdout metrics line every this many steps (metrics.jsonl gets every step)"
+  )
+  enable_tensorboard: bool = Field(
+    True, description="write TensorBoard event files beside metrics.jsonl"
+  )
+  enable_checkpointing: bool = Field(
+    True, description="save model, optimizer and data-iterator state with Orbax"
+  )
+  checkpoint_period: Positive = Field(
+    50, description="save a checkpoint every this many steps (and at the end)"
+  )
+  eval_interval: int = Field(-1, description="run eval every this many steps; -1 never")
+  eval_steps: Positive = Field(4, description="batches per eval")
+  peak_tflops_per_device: Real = Field(
+    989.0, description="bf16 dense peak used for MFU (H100 SXM); set for your chip"
+  )
+  jax_distributed_initialization_timeout: int = Field(
+    300, description="seconds for all hosts of a multi-host run to connect"
+  )
+
+  dataset_type: DatasetType = Field(
+    "network_grain",
+    description="input pipeline: network_grain, synthetic, or one added by register_dataset_type",
+  )
+  grain_train_files: Text = Field(
+    "", description="raw parquet: paths, globs or gs:// / s3:// URIs, comma-separated"
+  )
+  grain_eval_files: Text = Field(
+    "", description="raw parquet for eval; empty: the test split of grain_train_files"
+  )
+  grain_worker_count: WorkerCount = Field(
+    -1, description="Grain worker processes; 0 in-process; -1 picks from cores and memory"
+  )
+  grain_per_worker_buffer_size: int = Field(2, description="batches each worker keeps ready")
+  grain_num_threads: int = Field(
+    2, description="read threads of to_iter_dataset (in-process prefetch)"
+  )
+  grain_prefetch_buffer_size: int = Field(4, description="batches prefetched by those threads")
+  grain_ram_budget_mb: int = Field(2048, description="memory the -1 worker count may use")
+  data_shuffle_seed: int = Field(0, description="seed of every random choice of the data pipeline")
+  enable_data_shuffling: bool = Field(
+    True, description="false: slots in store order (still deterministic)"
+  )
+  num_epoch: Epochs = Field(
+    1, description="passes over the data; the iterator ends after them; -1 repeats forever"
+  )
+  packing: bool = Field(
+    True, description="fill sequences with several contexts (segment ids 1..k); false pads"
+  )
+  max_target_length: Positive = Field(1024, description="tokens per sequence")
+  per_device_batch_size: Real = Field(8.0, description="sequences per device per step")
+  global_batch_size_to_load: int = Field(
+    -1, description="sequences per step over all hosts; -1: per_device_batch_size x devices"
+  )
+  data_sharding: Names = Field(
+    ["data"], description="mesh axes the batch dimension is sharded over"
+  )
+
+  network_prepared_dir: Text = Field(
+    "", description="prepared store location; empty: <base_output_directory>/prepared"
+  )
+  network_split: Literal["probe", "time"] = Field(
+    "probe", description="probe: test set = probes by stable address hash; time: the latest rows"
+  )
+  network_test_fraction: Fraction = Field(
+    0.1, description="share of probes (or of time) held out as the test split"
+  )
+  network_mode_weights: ModeWeights = Field(
+    [0.4, 0.3, 0.3], description="weights of the full / partial / none context modes"
+  )
+  network_field_order: Literal["random", "fixed", "hashed"] = Field(
+    "random", description="random | fixed | hashed order of a measurement's field blocks"
+  )
+  network_skip_bad_rows: bool = Field(
+    False, description="true: drop unparsable rows and count them in the prepare summary"
+  )
+  network_remote_retries: int = Field(
+    5, description="attempts for a transient remote-storage error"
+  )
+  network_remote_backoff_s: Real = Field(0.5, description="first retry delay; doubles each attempt")
+  network_s3_endpoint: Text = Field(
+    "", description="S3-compatible endpoint URL; empty: AWS_ENDPOINT_URL or AWS default"
+  )
+  network_s3_region: Text = Field(
+    "", description="S3 region; empty: AWS_REGION / AWS_DEFAULT_REGION"
+  )
+
+  vocab_size: int = Field(268, description="netdata-v1 vocabulary (a model may round it up)")
+  base_emb_dim: int = Field(640, description="model width")
+  base_num_query_heads: int = Field(10, description="attention heads")
+  base_num_kv_heads: int = Field(
+    10, description="key/value heads (grouped-query attention when fewer)"
+  )
+  head_dim: int = Field(64, description="width of one head")
+  base_mlp_dim: int = Field(2048, description="MLP hidden width")
+  base_num_decoder_layers: int = Field(20, description="decoder blocks")
+  dtype: Literal["bfloat16", "float32", "float16"] = Field(
+    "bfloat16", description="activation dtype"
+  )
+  weight_dtype: Literal["bfloat16", "float32"] = Field("float32", description="parameter dtype")
+  logits_dot_in_fp32: bool = Field(True, description="compute the output projection in float32")
+
+  learning_rate: Real = Field(0.0003, description="peak learning rate")
+  warmup_steps_fraction: Real = Field(
+    0.1, description="share of steps spent warming up linearly from 0"
+  )
+  cosine_learning_rate_final_fraction: Real = Field(
+    0.1, description="final learning rate as a fraction of the peak"
+  )
+  learning_rate_schedule_steps: int = Field(
+    -1, description="steps the warmup + cosine schedule spans; -1: steps"
+  )
+  adam_b1: Real = Field(0.9, description="AdamW beta1")
+  adam_b2: Real = Field(0.95, description="AdamW beta2")
+  adam_eps: Real = Field(1e-08, description="AdamW epsilon")
+  adam_weight_decay: Real = Field(0.1, description="AdamW decoupled weight decay")
+  gradient_clipping_threshold: Real = Field(
+    1.0, description="global-norm gradient clipping; 0 disables"
+  )
+
+
+# base.yml's section headings, before the key that opens each.
+_SECTIONS = {
+  "run_name": "run",
+  "dataset_type": "data",
+  "network_prepared_dir": "network data",
+  "vocab_size": "model",
+  "learning_rate": "optimizer",
+}
+_BASE_YML_HEADER = """\
+# Every key maxtext_netdata knows, with its default. Other configs name this file in
+# `base_config` and override what they change; `key=value` on the command line wins last.
+# Written by `python -m maxtext_netdata.config > configs/base.yml` from ConfigModel: edit the
+# model (maxtext_netdata/config.py), not this file.
+"""
+
+
+def _yaml_value(value: Any) -> str:
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, str):
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+  if isinstance(value, float):
+    text = repr(value)
+    # YAML 1.1 reads an exponent without a dot as text.
+    return text.replace("e", ".0e") if "e" in text and "." not in text else text
+  if isinstance(value, list):
+    return "[" + ", ".join(_yaml_value(item) for item in value) + "]"
+  return str(value)
+
+
+def base_yml() -> str:
+  """The text of `configs/base.yml`: every key, its default and its description."""
+  lines = [_BASE_YML_HEADER.rstrip("\n")]
+  for key, field in ConfigModel.model_fields.items():
+    if key in _SECTIONS:
+      heading = f"# --- {_SECTIONS[key]} "
+      lines += ["", heading + "-" * (91 - len(heading))]
+    lines.append(f"{key}: {_yaml_value(field.default)}  # {field.description}")
+  return "\n".join(lines) + "\n"
 
 
 def configs_dir() -> Path:
@@ -76,8 +334,8 @@ def _load_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def defaults() -> dict[str, Any]:
-  """Every key of base.yml with its default value."""
-  return _read_yaml(configs_dir() / "base.yml")
+  """Every key with its default value (those of base.yml)."""
+  return ConfigModel().model_dump()
 
 
 def _type_name(value: Any) -> str:
@@ -94,26 +352,44 @@ def _type_name(value: Any) -> str:
   return type(value).__name__
 
 
-def _coerce(key: str, value: Any, default: Any, source: str) -> Any:
-  """`value` as the type of `default`, or a ConfigError naming key, value and type."""
-  expected = _type_name(default)
-  if expected == "float" and _type_name(value) == "int":
-    return float(value)
-  if expected == "float" and isinstance(value, str):
-    try:
-      return float(value)  # YAML 1.1 reads "1e-3" (no dot) as text
-    except ValueError:
-      pass
-  if expected == "list" and isinstance(value, tuple):
-    value = list(value)
-  if expected == "str" and value is None:
-    return ""
-  if _type_name(value) != expected:
-    raise ConfigError(
-      f"{source}: {key}={value!r} has type {_type_name(value)}, expected {expected}"
-      f" (default {default!r})"
-    )
-  return value
+def _expected(key: str) -> str:
+  annotation = ConfigModel.model_fields[key].annotation
+  return getattr(annotation, "__name__", None) if not get_args(annotation) else str(annotation)
+
+
+def _error_message(error: Mapping[str, Any], values: Mapping[str, Any], origin) -> str:
+  """One line for pydantic's `error`: "<source>: key=value <what is wrong>"."""
+  key = str(error["loc"][0])
+  source = origin(key)
+  if error["type"] == "extra_forbidden":
+    return unknown_key_message(key, ConfigModel.model_fields, source)
+  value = values[key]
+  if error["type"] == "value_error":
+    return f"{source}: {key}={value!r} {error['ctx']['error']}"
+  if error["type"] == "literal_error":
+    choices = get_args(ConfigModel.model_fields[key].annotation)
+    return f"{source}: {key}={value!r} is not one of {', '.join(choices)}"
+  default = ConfigModel.model_fields[key].default
+  return (
+    f"{source}: {key}={value!r} has type {_type_name(value)}, expected {_expected(key)}"
+    f" (default {default!r})"
+  )
+
+
+def validate(values: Mapping[str, Any], origin=lambda key: "config") -> dict[str, Any]:
+  """`values` (any subset of the keys) over the defaults, checked and converted.
+
+  `origin(key)` names where a key's value came from, for the error.
+
+  Raises:
+    ConfigError: the first problem, in one line.
+  """
+  try:
+    return ConfigModel.model_validate(dict(values)).model_dump()
+  except ValidationError as e:
+    errors = e.errors(include_url=False)
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    raise ConfigError(_error_message(errors[0], values, origin) + more) from None
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -138,7 +414,7 @@ def unknown_key_message(key: str, known: Iterable[str], source: str) -> str:
 
 
 class Config:
-  """Read-only attribute access to validated config values."""
+  """Read-only attribute access to validated config values (`ConfigModel`'s keys)."""
 
   def __init__(self, values: Mapping[str, Any], path: str | None = None):
     object.__setattr__(self, "_values", dict(values))
@@ -168,13 +444,8 @@ class Config:
 
   def replace(self, **updates: Any) -> Config:
     """A new Config with `updates` validated and applied."""
-    base = defaults()
-    values = dict(self._values)
-    for key, value in updates.items():
-      if key not in base:
-        raise ConfigError(unknown_key_message(key, base, "replace"))
-      values[key] = _coerce(key, value, base[key], "replace")
-    return _validated(Config(values, self.config_path))
+    values = validate({**self._values, **updates}, lambda key: "replace")
+    return Config(values, self.config_path)
 
   @property
   def run_dir(self) -> Path:
@@ -202,61 +473,23 @@ class Config:
     return f"Config({self.config_path!r}, {len(self._values)} keys)"
 
 
-_CHOICES = {
-  "dataset_type": ("network_grain", "synthetic"),
-  "network_split": ("probe", "time"),
-  "network_field_order": ("random", "fixed", "hashed"),
-  "dtype": ("bfloat16", "float32", "float16"),
-  "weight_dtype": ("bfloat16", "float32"),
-}
-
-
-def _validated(config: Config) -> Config:
-  for key, choices in _CHOICES.items():
-    if config[key] not in choices:
-      raise ConfigError(f"{key}={config[key]!r} is not one of {', '.join(choices)}")
-  weights = config.network_mode_weights
-  if (
-    len(weights) != 3
-    or not all(isinstance(w, (int, float)) and w >= 0 for w in weights)
-    or sum(weights) <= 0
-  ):
-    raise ConfigError(
-      f"network_mode_weights={weights!r} must be three non-negative numbers (full, partial,"
-      " none) with a positive sum"
-    )
-  if not 0.0 <= config.network_test_fraction < 1.0:
-    raise ConfigError(f"network_test_fraction={config.network_test_fraction} must be in [0, 1)")
-  for key in ("max_target_length", "steps", "log_period", "checkpoint_period", "eval_steps"):
-    if config[key] <= 0:
-      raise ConfigError(f"{key}={config[key]} must be positive")
-  if config.grain_worker_count < -1:
-    raise ConfigError(f"grain_worker_count={config.grain_worker_count} must be -1, 0 or more")
-  if config.num_epoch == 0 or config.num_epoch < -1:
-    raise ConfigError(f"num_epoch={config.num_epoch} must be -1 (forever) or >= 1")
-  return config
-
-
 def load(path: str | os.PathLike | None, overrides: Iterable[str] = ()) -> Config:
-  """The config of YAML `path` (None: base.yml alone) with `key=value` overrides."""
-  base = defaults()
-  values = dict(base)
-  source = str(path) if path is not None else "base.yml"
+  """The config of YAML `path` (None: the defaults alone) with `key=value` overrides."""
+  fields = ConfigModel.model_fields
+  values: dict[str, Any] = {}
+  origin: dict[str, str] = {}
+  source = "base.yml"
   if path is not None:
     config_path = _resolve_config_path(str(path), None)
-    for key, value in _load_chain(config_path).items():
-      if key not in base:
-        raise ConfigError(unknown_key_message(key, base, str(config_path)))
-      values[key] = _coerce(key, value, base[key], str(config_path))
     source = str(config_path)
+    for key, value in _load_chain(config_path).items():
+      values[key], origin[key] = value, source
   for text in overrides:
     key, value = parse_override(text)
-    if key not in base:
-      raise ConfigError(unknown_key_message(key, base, "command line"))
-    if isinstance(base[key], str):
+    if key in fields and isinstance(fields[key].default, str):
       value = text.split("=", 1)[1]  # verbatim: YAML would make run_name=2025-07-01 a date
-    values[key] = _coerce(key, value, base[key], "command line")
-  return _validated(Config(values, source))
+    values[key], origin[key] = value, "command line"
+  return Config(validate(values, origin.__getitem__), source)
 
 
 def initialize(argv: list[str]) -> Config:
@@ -264,3 +497,7 @@ def initialize(argv: list[str]) -> Config:
   if len(argv) < 2:
     raise ConfigError("usage: PROG CONFIG.yml [key=value ...]")
   return load(argv[1], argv[2:])
+
+
+if __name__ == "__main__":
+  print(base_yml(), end="")

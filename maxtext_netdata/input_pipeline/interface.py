@@ -1,4 +1,4 @@
-"""`create_data_iterator(config, mesh)`: the dataset_type registry, as in MaxText.
+"""`create_data_iterator(config, mesh)`: the built-in dataset types, dispatched by `registry`.
 
 Each dataset type returns (train iterator, eval iterator or None). The iterators yield dicts
 of global `jax.Array`s, int32 [global_batch, max_target_length], whose batch dimension is
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -22,7 +21,7 @@ from maxtext_netdata.config import Config, ConfigError
 from maxtext_netdata.distributed import mesh as mesh_lib
 from maxtext_netdata.distributed import multihost
 from maxtext_netdata.errors import DataError
-from maxtext_netdata.input_pipeline import network_grain, synthetic
+from maxtext_netdata.input_pipeline import network_grain, registry, synthetic
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 
 
@@ -142,18 +141,12 @@ def _synthetic(config: Config, mesh: Mesh):
   return synthetic.SyntheticIterator(to_global(local, sharding, size)), None
 
 
-DATASET_TYPES: dict[str, Callable] = {
-  "network_grain": _network_grain,
-  "synthetic": _synthetic,
-}
-
-
 def create_data_iterator(config: Config, mesh: Mesh):
-  """(train iterator, eval iterator or None) of `config.dataset_type`."""
+  """(train iterator, eval iterator or None) of `config.dataset_type` (see `registry`)."""
   try:
-    make = DATASET_TYPES[config.dataset_type]
+    make = registry.factory(config.dataset_type)
   except KeyError:
     raise ConfigError(
-      f"dataset_type={config.dataset_type!r} is not one of {', '.join(sorted(DATASET_TYPES))}"
+      f"dataset_type={config.dataset_type!r} is not one of {', '.join(registry.dataset_types())}"
     ) from None
   return make(config, mesh)

@@ -1,4 +1,4 @@
-"""config: YAML + overrides, types from base.yml, helpful errors, base_config chains."""
+"""config: one typed model, YAML + overrides, helpful errors, base_config chains."""
 
 import pickle
 
@@ -12,6 +12,20 @@ from maxtext_netdata.config import ConfigError
 def _write(path, values):
   path.write_text(yaml.safe_dump(values))
   return str(path)
+
+
+def test_base_yml_is_written_from_the_model():
+  """base.yml documents every key of ConfigModel: same order, default and description."""
+  text = (config.configs_dir() / "base.yml").read_text(encoding="utf-8")
+  assert text == config.base_yml(), "run: python -m maxtext_netdata.config > configs/base.yml"
+  fields = config.ConfigModel.model_fields
+  documented = [line for line in text.splitlines() if line and not line.startswith("#")]
+  assert [line.split(":")[0] for line in documented] == list(fields)
+  for line in documented:
+    key = line.split(":")[0]
+    assert line.split("  # ", 1)[1] == fields[key].description and fields[key].description
+    value = yaml.safe_load(line)[key]
+    assert value == fields[key].default and type(value) is type(fields[key].default), key
 
 
 def test_defaults_are_base_yml():
