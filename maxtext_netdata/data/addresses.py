@@ -109,6 +109,13 @@ def parse_addresses(
   else:
     raise DataError(f"{source}: column {column_name!r} has type {array.type}, expected string")
   indices = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+  # A corrupted file can hold indices past its dictionary, which the parquet reader does not
+  # check; two reductions here cost far less than the gather they protect.
+  if len(indices) and (indices.min() < -1 or indices.max() >= len(encoded.dictionary)):
+    raise DataError(
+      f"{source}: column {column_name!r} is corrupt: dictionary indices past its"
+      f" {len(encoded.dictionary)} entries"
+    )
   unique_bytes, unique_family = _PARSED.lookup(encoded.dictionary)
   # Row -1 (null) maps to an extra all-zero, either-version entry.
   unique_bytes = np.concatenate([unique_bytes, np.zeros((1, ADDRESS_BYTES), np.uint8)])

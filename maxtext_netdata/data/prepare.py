@@ -165,8 +165,7 @@ def _open_parquet(
   def attempt():
     handle = remote.open_input_file(entry, options)
     try:
-      # Addresses stay dictionary-encoded as stored: each distinct text is parsed once.
-      return pq.ParquetFile(handle, metadata=metadata, read_dictionary=["src_addr", "dst_addr"])
+      return pq.ParquetFile(handle, metadata=metadata, **schema.PARQUET_READ_OPTIONS)
     except OSError as e:
       if remote.is_remote(entry.uri) and not remote.is_permanent(e):
         raise  # transient: with_retries tries again
@@ -198,6 +197,8 @@ def _tables(entry: remote.FileEntry, metadata, options: remote.StorageOptions):
         )
         for index, batch in enumerate(batches):
           if index >= skip:
+            # Checked before `_coalesced` unifies dictionaries, which trusts their indices.
+            schema.check_decoded(batch, source=entry.uri, row_offset=row)
             yield pa.Table.from_batches([batch]), row
             row += batch.num_rows
             skip, failures = index + 1, 0

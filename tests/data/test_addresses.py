@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from maxtext_netdata.data import addresses
+from maxtext_netdata.data import addresses, schema
 from maxtext_netdata.errors import DataError
 
 
@@ -119,3 +119,28 @@ def test_many_rows_few_distinct():
   as_int = parsed[:, :4].astype(np.uint32)
   values = (as_int[:, 0] << 24) | (as_int[:, 1] << 16) | (as_int[:, 2] << 8) | as_int[:, 3]
   assert values.tolist() == [int(ipaddress.IPv4Address(pool[i])) for i in choice]
+
+
+def test_dictionary_indices_past_the_dictionary_are_a_data_error():
+  column = pa.DictionaryArray.from_arrays(
+    pa.array([0, 1, 2], pa.int32()), pa.array(["192.0.2.1", "192.0.2.2"]), safe=False
+  )
+  with pytest.raises(DataError, match=r"f\.parquet: column 'src_addr' is corrupt"):
+    addresses.parse_addresses(column, np.full(3, 4), source="f.parquet", column_name="src_addr")
+
+
+def test_validate_table_rejects_dictionary_indices_past_the_dictionary():
+  column = pa.DictionaryArray.from_arrays(
+    pa.array([0, 7], pa.int32()), pa.array(["192.0.2.1", "192.0.2.2"]), safe=False
+  )
+  table = pa.table(
+    {
+      "event_time": pa.array([1, 2], pa.timestamp("s")),
+      "src_addr": column,
+      "dst_addr": pa.array(["192.0.2.9"] * 2),
+      "ip_version": pa.array([4, 4], pa.int8()),
+      "rtt": pa.array([1.0, 2.0]),
+    }
+  )
+  with pytest.raises(DataError, match=r"f\.parquet: corrupt data in rows 10-11 .*out of bounds"):
+    schema.validate_table(table, source="f.parquet", row_offset=10)
