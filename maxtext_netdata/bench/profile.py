@@ -1,0 +1,317 @@
+"""The profile check of MaxText's pipeline-performance guide, read from a JAX profiler trace.
+
+The guide asks a person to open the trace of a few training steps and look for gaps: stretches
+in which the accelerator runs nothing. `analyze` measures them from the `.xplane.pb` that
+`jax.profiler.trace` / `start_trace` (and MaxText's `profiler: xplane`) write:
+
+- steps: the runs of the step's XLA program on the accelerator (its module, e.g.
+  `jit_train_step`); a step runs from one run's start to the next one's, so the host running
+  ahead (asynchronous dispatch) does not blur them;
+- accelerator activity: on GPU/TPU the first device plane's op tracks (`XLA Ops`, CUDA streams);
+  on CPU the XLA threads of the host plane (`tf_XLAExecute`, `tf_XLAEigen`: thunks, fusions);
+- per step, the share in which the accelerator ran nothing, and each gap (an idle stretch of at
+  least `GAP_MIN_SHARE` of the median step, and `GAP_MIN_S`);
+- what the host was doing in each gap, from the Python tracer's events: loading data
+  (`next`, `load_next_batch`, Grain), else reading a device value (`float`, `np.asarray`,
+  `jax.device_get`, `block_until_ready`) that was still running when the gap began (the host
+  waited for the device, so nothing was queued behind it), else other host work.
+
+jaxlib's `ProfileData` reads the trace; there is no other reader of xplane files in the
+environment, and the analysis itself (interval unions over a few thousand events) is small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+# Idle stretches shorter than this are noise (dispatch of the next program, thread hand-over).
+GAP_MIN_S = 0.5e-3
+GAP_MIN_SHARE = 0.05
+# Busy intervals this close together are one busy stretch (the gaps between a program's thunks).
+MERGE_S = 0.1e-3
+# A gap is the host's data wait when loading covers at least this share of it.
+DATA_COVERS = 0.5
+# Steps whose median idle share is above this are reported as leaving the accelerator idle.
+IDLE_SHARE_NOTABLE = 0.10
+
+DATA = "data"
+DEVICE_READ = "device_to_host_read"
+HOST = "other_host_work"
+
+_DATA_EVENT = re.compile(
+  r"(^\$builtins next$|__next__|load_next_batch|[/\\]grain[/\\]|input_pipeline|data_loader"
+  r"|multihost_dataloading|^\$.*\bgrain\b)"
+)
+_READ_EVENT = re.compile(
+  r"(np\.asarray\(jax\.Array\)|array\.py:\d+ (_value|__float__|__int__|__array__|item|tolist)"
+  r"|device_get|block_until_ready|_single_device_array_to_np_array|CopyToHost|ToLiteral)"
+)
+_DEVICE_OP_LINES = ("XLA Ops",)
+_IDLE_MARKERS = ("ThreadpoolListener",)
+
+
+@contextlib.contextmanager
+def trace(log_dir: str | os.PathLike) -> Iterator[Path]:
+  """`jax.profiler.trace` into `log_dir` (Perfetto trace too); yields the folder."""
+  import jax
+
+  log_dir = Path(log_dir)
+  with jax.profiler.trace(str(log_dir), create_perfetto_trace=True):
+    yield log_dir
+
+
+def find_xplane(log_dir: str | os.PathLike) -> Path:
+  """The newest `.xplane.pb` under `log_dir`.
+
+  Raises:
+    FileNotFoundError: none there (the profiler did not run).
+  """
+  found = sorted(Path(log_dir).rglob("*.xplane.pb"), key=lambda p: p.stat().st_mtime)
+  if not found:
+    raise FileNotFoundError(f"{log_dir}: no .xplane.pb profiler trace")
+  return found[-1]
+
+
+def analyze(xplane: str | os.PathLike, step_module: str | None = None, skip_steps: int = 0) -> dict:
+  """Idle share per step, the gaps and what the host did in them, from one trace file.
+
+  Args:
+    xplane: a `.xplane.pb` written by the JAX profiler.
+    step_module: a substring of the XLA module name of the step (`train_step`); by default the
+      module that ran twice or more with the most accelerator time.
+    skip_steps: leading steps left out (compilation, a first step still filling the queue).
+
+  Returns:
+    The report's `profile` section: `source` (device tracks or CPU XLA threads), `module`,
+    `steps` (per step: start, seconds, idle seconds and share, gaps), `idle_share` (summary
+    over steps), `gaps` (count, seconds, by cause), `host_waiting_on` (the cause holding the
+    most gap time, or None without gaps).
+
+  Raises:
+    ValueError: the trace has fewer than two runs of the step or no accelerator activity.
+  """
+  from jax.profiler import ProfileData
+
+  data = ProfileData.from_file(str(xplane))
+  host = data.find_plane_with_name("/host:CPU")
+  if host is None:
+    raise ValueError(f"{xplane}: no host plane in the trace")
+  python = [e for line in host.lines if line.name == "python" for e in line.events]
+  source, busy, runs = _accelerator_activity(data, host)
+  if not busy:
+    raise ValueError(f"{xplane}: no accelerator activity in the trace")
+  module = _step_module(runs, step_module)
+  starts = sorted(start for name, start, _ in runs if name == module)[skip_steps:]
+  if len(starts) < 2:
+    raise ValueError(
+      f"{xplane}: {len(starts)} runs of the step ({module or step_module}) after skipping"
+      f" {skip_steps}; need 2 or more (profile more steps)"
+    )
+  busy = _union(busy, merge_ns=MERGE_S * 1e9)
+  periods = list(zip(starts, starts[1:], strict=False))
+  median_s = float(np.median([(e - s) / 1e9 for s, e in periods]))
+  min_gap_ns = max(GAP_MIN_S, GAP_MIN_SHARE * median_s) * 1e9
+  data_events = _union([(e.start_ns, e.end_ns) for e in python if _DATA_EVENT.search(e.name)])
+  read_events = [(e.start_ns, e.end_ns) for e in python if _READ_EVENT.search(e.name)]
+
+  steps, gap_list = [], []
+  for number, (lo, hi) in enumerate(periods, start=skip_steps):
+    idle = _complement(busy, lo, hi)
+    step_gaps = []
+    for a, b in idle:
+      if b - a >= min_gap_ns:
+        gap = {"start_s": (a - starts[0]) / 1e9, "seconds": (b - a) / 1e9}
+        gap["cause"] = _cause(a, b, data_events, read_events)
+        step_gaps.append(gap)
+    idle_ns = sum(b - a for a, b in idle)
+    steps.append(
+      {
+        "step": number,
+        "start_s": (lo - starts[0]) / 1e9,
+        "seconds": (hi - lo) / 1e9,
+        "idle_s": idle_ns / 1e9,
+        "idle_share": idle_ns / (hi - lo),
+        "gaps": step_gaps,
+      }
+    )
+    gap_list += step_gaps
+  by_cause = {cause: 0.0 for cause in (DATA, DEVICE_READ, HOST)}
+  for gap in gap_list:
+    by_cause[gap["cause"]] += gap["seconds"]
+  shares = [s["idle_share"] for s in steps]
+  return {
+    "trace": str(xplane),
+    "source": source,
+    "module": module,
+    "steps": steps,
+    "step_time_s": median_s,
+    "idle_share": {
+      "median": float(np.median(shares)),
+      "max": float(np.max(shares)),
+      "mean": float(np.mean(shares)),
+    },
+    "gap_min_s": min_gap_ns / 1e9,
+    "gaps": {
+      "count": len(gap_list),
+      "steps_with_gaps": sum(1 for s in steps if s["gaps"]),
+      "seconds": sum(g["seconds"] for g in gap_list),
+      "by_cause_s": by_cause,
+    },
+    "host_waiting_on": max(by_cause, key=by_cause.get) if gap_list else None,
+  }
+
+
+def describe(profile: dict) -> str:
+  """One or two sentences on what the trace shows."""
+  steps = len(profile["steps"])
+  share = profile["idle_share"]["median"]
+  gaps = profile["gaps"]
+  words = (
+    f"Profile ({steps} steps, {profile['source']}): the accelerator runs nothing for"
+    f" {share:.0%} of a step (median)"
+  )
+  if not gaps["count"]:
+    return f"{words}; no gaps between steps."
+  cause = {
+    DATA: "waiting for data",
+    DEVICE_READ: "blocked on a device-to-host read (forced synchronization)",
+    HOST: "busy with other host work",
+  }[profile["host_waiting_on"]]
+  return (
+    f"{words}; {gaps['count']} gaps in {gaps['steps_with_gaps']} steps,"
+    f" {gaps['seconds'] * 1e3:.1f} ms in all, mostly while the host was {cause}."
+  )
+
+
+def amend_verdict(verdict: dict, profile: dict) -> dict:
+  """`verdict` with the profile's words; a verdict of "not the bottleneck" turns into the cause
+  the trace shows when the accelerator idles for more than IDLE_SHARE_NOTABLE of a step."""
+  from maxtext_netdata.bench import report as bench_report
+
+  text = f"{verdict['text']} {describe(profile)}"
+  kind = verdict["kind"]
+  cause = profile["host_waiting_on"]
+  if kind == bench_report.NOT_BOTTLENECK and profile["idle_share"]["median"] > IDLE_SHARE_NOTABLE:
+    if cause == DEVICE_READ:
+      kind = bench_report.FORCED_SYNC
+      text += (
+        " Forced synchronization: the host reads a device value each step, so nothing is"
+        " queued while it works; read metrics one step late."
+      )
+    elif cause == DATA:
+      kind = bench_report.STARVED
+      text += " The loader does not keep up inside training: see loading_starved_in_training."
+  return {"kind": kind, "text": text}
+
+
+def plot_panel(ax, profile: dict) -> None:
+  """Per step, the idle share of the accelerator, split by what the host did in the gaps."""
+  steps = profile["steps"]
+  x = [s["step"] for s in steps]
+  bottom = np.zeros(len(steps))
+  colors = {DATA: "tab:red", DEVICE_READ: "tab:purple", HOST: "tab:gray"}
+  for cause, color in colors.items():
+    share = np.array(
+      [sum(g["seconds"] for g in s["gaps"] if g["cause"] == cause) / s["seconds"] for s in steps]
+    )
+    ax.bar(x, share * 100, bottom=bottom, color=color, label=f"gap: {cause}")
+    bottom += share * 100
+  ax.plot(x, [s["idle_share"] * 100 for s in steps], "k.", label="idle, all")
+  ax.set_ylim(0, 100)
+  ax.set_xlabel("step (profiled)")
+  ax.set_ylabel("% of step idle")
+  ax.set_title(f"Profile: accelerator idle per step ({profile['source']})")
+  ax.legend(fontsize="small")
+
+
+def _accelerator_activity(data, host):
+  """(source words, busy intervals, program runs as (module, start, end))."""
+  for plane in data.planes:
+    if not plane.name.startswith("/device:") or "CPU" in plane.name:
+      continue
+    lines = list(plane.lines)
+    chosen = [ln for ln in lines if ln.name in _DEVICE_OP_LINES]
+    chosen = chosen or [ln for ln in lines if ln.name.lower().startswith("stream")]
+    busy = [(e.start_ns, e.end_ns) for ln in chosen for e in ln.events if e.duration_ns > 0]
+    if not busy:
+      continue
+    modules = [ln for ln in lines if ln.name == "XLA Modules"]
+    if modules:
+      runs = [(re.sub(r"\(\d+\)$", "", e.name), e.start_ns, e.end_ns) for e in modules[0].events]
+    else:
+      runs = _runs(e for ln in chosen for e in ln.events)
+    return f"device tracks of {plane.name}", busy, runs
+  events = [
+    e
+    for line in host.lines
+    if line.name.startswith("tf_XLA")
+    for e in line.events
+    if e.duration_ns > 0 and not e.name.startswith(_IDLE_MARKERS)
+  ]
+  return "XLA threads of the CPU host", [(e.start_ns, e.end_ns) for e in events], _runs(events)
+
+
+def _runs(events) -> list[tuple[str, int, int]]:
+  """Program runs from op events carrying `hlo_module` and `run_id` stats."""
+  spans: dict[tuple[str, int], list[int]] = {}
+  for e in events:
+    stats = dict(e.stats)
+    if "hlo_module" not in stats:
+      continue
+    key = (stats["hlo_module"], stats.get("run_id", e.start_ns))
+    span = spans.setdefault(key, [e.start_ns, e.end_ns])
+    span[0], span[1] = min(span[0], e.start_ns), max(span[1], e.end_ns)
+  return [(name, lo, hi) for (name, _), (lo, hi) in spans.items()]
+
+
+def _step_module(runs, wanted: str | None) -> str | None:
+  totals: dict[str, list[int]] = {}
+  for name, lo, hi in runs:
+    if wanted is None or wanted in name:
+      total = totals.setdefault(name, [0, 0])
+      total[0] += 1
+      total[1] += hi - lo
+  repeated = {name: t for name, t in totals.items() if t[0] >= 2} or totals
+  if not repeated:
+    return None
+  return max(repeated, key=lambda name: repeated[name][1])
+
+
+def _union(intervals, merge_ns: float = 0.0) -> list[tuple[int, int]]:
+  merged: list[list[int]] = []
+  for a, b in sorted(intervals):
+    if merged and a <= merged[-1][1] + merge_ns:
+      merged[-1][1] = max(merged[-1][1], b)
+    else:
+      merged.append([a, b])
+  return [(a, b) for a, b in merged]
+
+
+def _complement(busy, lo: int, hi: int) -> list[tuple[int, int]]:
+  idle, cursor = [], lo
+  for a, b in busy:
+    if b <= cursor:
+      continue
+    if a >= hi:
+      break
+    if a > cursor:
+      idle.append((cursor, a))
+    cursor = max(cursor, b)
+  if cursor < hi:
+    idle.append((cursor, hi))
+  return idle
+
+
+def _cause(a: int, b: int, data_events, read_events) -> str:
+  covered = sum(max(0, min(b, y) - max(a, x)) for x, y in data_events)
+  if covered >= DATA_COVERS * (b - a):
+    return DATA
+  if any(x < a <= y + MERGE_S * 1e9 for x, y in read_events):
+    return DEVICE_READ
+  return HOST
