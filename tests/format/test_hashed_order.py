@@ -1,9 +1,13 @@
-"""The vectorized `hashed` field order against Python's own random.Random(seed).shuffle."""
+"""The vectorized `hashed` field order against Python's own md5 and random.Random(seed).shuffle."""
 
 import random
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
+import reference_tokenizer as ref
 
 from maxtext_netdata.format import hashed_order, tokenizer
 
@@ -34,15 +38,42 @@ def test_mersenne_twister_outputs_match_python():
     assert row == [generator.getrandbits(32) for _ in range(30)]
 
 
+def _oracle(src, dst, seconds, has_ts) -> int:
+  """SPEC §2's order from the reference tokenizer (md5 seed, `random.Random(seed).shuffle`)."""
+  names = ref.hashed_order(src, dst, int(seconds), has_ts)
+  ids = [{ref.SRC: 0, ref.DST: 1, ref.RESULT: 2, ref.TIMESTAMP: 3}[n] for n in names]
+  return [tuple(p) for p in tokenizer.PERMUTATIONS.tolist()].index(tuple(ids))
+
+
+@pytest.fixture(scope="module")
+def rows(sample_files):
+  """Generated rows' address text and seconds, plus null, empty and IPv6 text."""
+  table = pq.read_table(sample_files[2]).slice(0, 3_000)
+  src = table.column("src_addr").to_pylist() + [None, "", "2001:db8::1", None]
+  dst = table.column("dst_addr").to_pylist() + ["8.8.8.8", None, "::", ""]
+  times = table.column("event_time")
+  per_second = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[times.type.unit]
+  seconds = (pc.cast(times, pa.int64()).to_numpy() // per_second).tolist()
+  seconds += [0, 1_751_328_000, 2**40, 5]
+  return src, dst, np.array(seconds, dtype=np.int64)
+
+
 @pytest.mark.parametrize("words", [24, 3])  # 3 outputs: most rows take the Python fallback
-def test_orders_match_python_shuffle(monkeypatch, words):
+def test_orders_match_the_reference_tokenizer(monkeypatch, rows, words):
   monkeypatch.setattr(hashed_order, "_WORDS", words)
-  seeds = _seeds(4_000, seed=words)
-  src = [f"10.0.{i // 256}.{i % 256}" for i in range(4_000)]
-  pairs = hashed_order.hashed_order_pairs(src, ["192.0.2.1"] * 4_000, np.arange(4_000))
-  expected_seeds = hashed_order._seeds(src, ["192.0.2.1"] * 4_000, np.arange(4_000))
-  for i, seed in enumerate(expected_seeds.tolist()):
-    assert pairs[i].tolist() == [_python_order(seed, False), _python_order(seed, True)], i
+  src, dst, seconds = rows
+  has_ts = np.random.default_rng(words).random(len(seconds)) < 0.5
+  pairs = tokenizer.hashed_order_pairs(src, dst, seconds)
+  orders = tokenizer.hashed_orders(pa.array(src), pa.array(dst), seconds, has_ts)
+  assert len(set(orders.tolist())) == 24  # every order occurs: a wrong mapping shows
+  for i, (s, d, t) in enumerate(zip(src, dst, seconds.tolist(), strict=True)):
+    expected = [_oracle(s, d, t, False), _oracle(s, d, t, True)]
+    assert pairs[i].tolist() == expected, i
+    assert orders[i] == expected[int(has_ts[i])], i
+
+
+def test_orders_of_edge_seeds_match_python_shuffle():
+  seeds = _seeds(4_000)
   direct = hashed_order._orders_of_seeds(seeds)
   for i, seed in enumerate(seeds.tolist()):
     assert direct[i].tolist() == [_python_order(seed, False), _python_order(seed, True)], i
@@ -56,18 +87,3 @@ def test_replay_reports_rows_it_cannot_finish():
     blocks = [0, 1, 2, 3]
     random.Random(seed).shuffle(blocks)
     assert (row == blocks) or not done
-
-
-def test_pairs_and_orders_agree():
-  src = ["192.0.2.1", None, "", "2001:db8::1"] * 50
-  dst = ["8.8.8.8", "8.8.4.4", None, "::"] * 50
-  seconds = np.arange(200) * 61 + 1_751_328_000
-  has_ts = np.arange(200) % 3 == 0
-  pairs = tokenizer.hashed_order_pairs(src, dst, seconds)
-  orders = tokenizer.hashed_orders(src, dst, seconds, has_ts)
-  assert orders.tolist() == [pairs[i, int(h)] for i, h in enumerate(has_ts.tolist())]
-  # Null and empty text hash alike.
-  assert (
-    tokenizer.hashed_order_pairs([None], [None], [5])
-    == tokenizer.hashed_order_pairs([""], [""], [5])
-  ).all()
