@@ -20,6 +20,7 @@ from maxtext_netdata.errors import DataError, UserError
 # name → (module, one-line help)
 COMMANDS = {
   "generate": ("maxtext_netdata.data.generate", "write realistic raw ping parquet shards"),
+  "ingest": ("maxtext_netdata.data.ingest", "RIPE Atlas ping results (JSON) -> raw parquet"),
   "prepare": ("maxtext_netdata.data.prepare", "raw parquet -> the prepared store (cached)"),
   "tokenize": (
     "maxtext_netdata.data.tokenize_cli",

@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import tqdm
 
 from maxtext_netdata.errors import UserError
 
@@ -34,6 +35,7 @@ INTERVALS = np.array([60, 120, 180, 240, 300])
 ROW_GROUP_SIZE = 32_768
 PIECE_ROWS = 2_000_000  # rows generated at once (memory ~100 bytes a row)
 FAILED_RTT = -1.0
+FORMATS = ("parquet", "ripe-json")
 
 # Regions: latitude, longitude, share of hosts, registry (index into _V4_FIRST_OCTETS/_V6_BASE).
 _REGIONS = np.array(
@@ -173,8 +175,13 @@ class _World:
     return stream, self.first[stream] + k * self.interval[stream]
 
 
-def _piece_table(world: _World, stream: np.ndarray, when: np.ndarray, rng) -> pa.Table:
-  """The rows of the pings (stream, time) in time order: RTTs, failures, address text."""
+def _piece_table(
+  world: _World, stream: np.ndarray, when: np.ndarray, rng, with_probe: bool = False
+) -> pa.Table:
+  """The rows of the pings (stream, time) in time order: RTTs, failures, address text.
+
+  `with_probe` adds the probe's number as `prb_id` (drawing nothing from `rng`).
+  """
   n = len(stream)
   order = np.argsort(when)
   stream, seconds = stream[order], np.floor(when[order]).astype(np.int64)
@@ -196,6 +203,7 @@ def _piece_table(world: _World, stream: np.ndarray, when: np.ndarray, rng) -> pa
   src[empty] = family[empty] + world.n_hosts
   dst = pa.array(family + world.stream_dst[stream], mask=rng.random(n) < 1e-4)
 
+  probe = {"prb_id": pa.array(world.stream_probe[stream] + 1, pa.int64())} if with_probe else {}
   return pa.table(
     {
       "msm_id": pa.array(world.msm_id[stream], pa.int64()),
@@ -206,54 +214,137 @@ def _piece_table(world: _World, stream: np.ndarray, when: np.ndarray, rng) -> pa
       "rtt": pa.array(rtt, pa.float64()),
       "size": pa.array(np.full(n, 48), pa.int64()),
       "packet_error_count": pa.array(failed & (rng.random(n) < 0.1), pa.int64()),
+      **probe,
     }
   )
 
 
-def _progress(done_rows: int, rows: int, shard: int, shards: int, started: float) -> None:
-  """A bar redrawn in place on a terminal; one line per update in a log file."""
-  width = 30
-  filled = width * done_rows // max(rows, 1)
-  rate = done_rows / max(time.perf_counter() - started, 1e-9)
-  live = sys.stderr.isatty()
-  print(
-    f"{chr(13) if live else ''}generate [{'#' * filled}{'.' * (width - filled)}] shard"
-    f" {shard}/{shards}, {done_rows:,} rows, {rate / 1e6:.2f}M rows/s",
-    end="\n" if done_rows == rows or not live else "",
-    file=sys.stderr,
-    flush=True,
-  )
+def _json_lines(table: pa.Table) -> pa.ChunkedArray:
+  """Each row as a RIPE Atlas ping result (firmware 5080 style), one JSON text a line.
 
-
-def generate(
-  out_dir: str, rows: int = 200_000, shards: int = 4, seed: int = 0, progress: bool = True
-) -> list[str]:
-  """Write `rows` measurements as `shards` time-ordered parquet files in `out_dir`.
-
-  Same (rows, shards, seed) -> byte-identical files. Files of an earlier run in `out_dir`
-  (this module's file names and marker) are replaced. Returns the file paths in time order.
-  Memory stays bounded whatever the size: a file is written in time slices of at most
-  PIECE_ROWS rows. The progress bar on stderr shows for runs of at least a million rows
-  when `progress`.
+  One result per row with a one-packet `result` list: a generated stream pings once per
+  interval, so a row is a whole result. A failed row is a timeout (`{"x": "*"}`), or an
+  error packet where `packet_error_count` is set. `from` holds the row's source address and
+  `src_addr` the probe's local one (a shared private address over IPv4, as behind NAT); a
+  null destination leaves out `dst_addr`/`dst_name`; `prb_id` is the probe's number. Built
+  with Arrow string kernels, not per row; Arrow prints floats in their shortest
+  round-trip form, so ingest reads back the same values.
   """
-  if shards < 1 or rows < shards:
-    raise ValueError(f"need rows >= shards >= 1, got rows={rows}, shards={shards}")
-  os.makedirs(out_dir, exist_ok=True)
+  rtt = table.column("rtt")
+  failed = pc.less(rtt, 0)
+  rtt_text = pc.cast(rtt, pa.string())
+  join = pc.binary_join_element_wise
+  packet = pc.if_else(
+    failed,
+    pc.if_else(
+      pc.greater(table.column("packet_error_count"), 0),
+      '{"error":"Network is unreachable"}',
+      '{"x":"*"}',
+    ),
+    join('{"rtt":', rtt_text, "}", ""),
+  )
+  stat = pc.if_else(failed, "-1", rtt_text)
+  dst = table.column("dst_addr")
+  dst_part = pc.coalesce(join(',"dst_name":"', dst, '","dst_addr":"', dst, '"', ""), "")
+  src = table.column("src_addr")
+  local = pc.if_else(
+    pc.and_(pc.equal(table.column("ip_version"), 4), pc.not_equal(src, "")), "192.168.1.10", src
+  )
+  seconds = pc.cast(table.column("event_time"), pa.int64())
+  msm = pc.cast(table.column("msm_id"), pa.string())
+  text = pa.string()
+  lines = join(
+    '{"fw":5080,"lts":17,"af":',
+    pc.cast(table.column("ip_version"), text),
+    dst_part,
+    ',"src_addr":"',
+    local,
+    '","proto":"ICMP","ttl":57,"size":48,"result":[',
+    packet,
+    '],"dup":0,"rcvd":',
+    pc.if_else(failed, "0", "1"),
+    ',"sent":1,"min":',
+    stat,
+    ',"max":',
+    stat,
+    ',"avg":',
+    stat,
+    ',"msm_id":',
+    msm,
+    ',"prb_id":',
+    pc.cast(table.column("prb_id"), text),
+    ',"timestamp":',
+    pc.cast(seconds, text),
+    ',"msm_name":"Ping","from":"',
+    src,
+    '","type":"ping","group_id":',
+    msm,
+    ',"stored_timestamp":',
+    pc.cast(pc.add(seconds, 29), text),
+    "}\n",
+    "",
+  )
+  if lines.null_count:
+    raise AssertionError("a generated row has no JSON text")
+  return lines
+
+
+def _write_lines(f, lines: pa.ChunkedArray) -> None:
+  """The texts of a string column back to back, straight from Arrow's buffers."""
+  for chunk in lines.chunks:
+    offsets = np.frombuffer(chunk.buffers()[1], np.int32)[
+      chunk.offset : chunk.offset + len(chunk) + 1
+    ]
+    f.write(memoryview(chunk.buffers()[2])[offsets[0] : offsets[-1]])
+
+
+def clear_outputs(out_dir: str) -> None:
+  """Remove the marker, then the shard files, of an earlier run in `out_dir`."""
   marker = os.path.join(out_dir, COMPLETE_MARKER)
   if os.path.exists(marker):
     os.remove(marker)
   for name in os.listdir(out_dir):
-    if name.startswith("pings-") and name.endswith(".parquet"):
+    if name.startswith("pings-") and name.endswith((".parquet", ".json")):
       os.remove(os.path.join(out_dir, name))
 
-  started = time.perf_counter()
+
+def generate(
+  out_dir: str,
+  rows: int = 200_000,
+  shards: int = 4,
+  seed: int = 0,
+  progress: bool = True,
+  fmt: str = "parquet",
+) -> list[str]:
+  """Write `rows` measurements as `shards` time-ordered files in `out_dir`.
+
+  `fmt` "parquet" writes raw parquet (SPEC §1); "ripe-json" writes the same measurements
+  as RIPE Atlas ping results, one JSON object a line (`_json_lines`), which `ingest` turns
+  back into the parquet's rows (plus `prb_id`).
+  Same (rows, shards, seed, fmt) -> byte-identical files. Files of an earlier run in
+  `out_dir` (this module's file names and marker) are replaced. Returns the file paths in
+  time order. Memory stays bounded whatever the size: a file is written in time slices of
+  at most PIECE_ROWS rows. The progress bar on stderr shows for runs of at least a million
+  rows when `progress`.
+  """
+  if shards < 1 or rows < shards:
+    raise ValueError(f"need rows >= shards >= 1, got rows={rows}, shards={shards}")
+  if fmt not in FORMATS:
+    raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+  os.makedirs(out_dir, exist_ok=True)
+  clear_outputs(out_dir)
+  marker = os.path.join(out_dir, COMPLETE_MARKER)
+
   world = _World(rows, np.random.default_rng(seed))
   per_shard = -(-rows // (shards * PIECE_ROWS))  # time slices per file
   pieces = shards * per_shard
   paths, written, carried = [], 0, 0
-  show = progress and rows >= 1_000_000
+  pattern = FILE_PATTERN if fmt == "parquet" else FILE_PATTERN.replace(".parquet", ".json")
+  bar = tqdm.tqdm(
+    total=rows, unit=" rows", unit_scale=True, desc="generate", disable=not progress or rows < 1e6
+  )
   for shard in range(shards):
-    path = os.path.join(out_dir, FILE_PATTERN.format(shard, shards))
+    path = os.path.join(out_dir, pattern.format(shard, shards))
     tmp = os.path.join(out_dir, f".tmp-{os.getpid()}-{os.path.basename(path)}")
     writer = None
     try:
@@ -265,13 +356,17 @@ def generate(
         wanted = rows * (piece + 1) // pieces - rows * piece // pieces + carried
         keep = np.sort(rng.choice(len(stream), min(wanted, len(stream)), replace=False))
         carried = wanted - len(keep)
-        table = _piece_table(world, stream[keep], when[keep], rng)
-        if writer is None:
-          writer = pq.ParquetWriter(tmp, table.schema)
-        writer.write_table(table, row_group_size=ROW_GROUP_SIZE)
+        table = _piece_table(world, stream[keep], when[keep], rng, with_probe=fmt != "parquet")
+        if fmt == "parquet":
+          if writer is None:
+            writer = pq.ParquetWriter(tmp, table.schema)
+          writer.write_table(table, row_group_size=ROW_GROUP_SIZE)
+        else:
+          if writer is None:
+            writer = open(tmp, "wb")
+          _write_lines(writer, _json_lines(table))
         written += table.num_rows
-        if show:
-          _progress(written, rows, shard + 1, shards, started)
+        bar.update(table.num_rows)
       writer.close()
       writer = None
       os.replace(tmp, path)
@@ -281,12 +376,14 @@ def generate(
       if os.path.exists(tmp):
         os.remove(tmp)
     paths.append(path)
+  bar.close()
   if carried:
     raise RuntimeError(f"the generated world holds only {written} of {rows} rows")
   summary = {
     "rows": rows,
     "shards": shards,
     "seed": seed,
+    "format": fmt,
     "files": [os.path.basename(p) for p in paths],
   }
   with open(marker + ".tmp", "w", encoding="utf-8") as f:
@@ -300,6 +397,12 @@ def add_arguments(parser) -> None:
   parser.add_argument("--rows", type=int, default=200_000, help="measurements (default 200000)")
   parser.add_argument("--shards", type=int, default=4, help="parquet files (default 4)")
   parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+  parser.add_argument(
+    "--format",
+    choices=FORMATS,
+    default="parquet",
+    help="raw parquet (default) or RIPE Atlas ping results as JSON lines, for `ingest`",
+  )
 
 
 def run(args) -> int:
@@ -307,7 +410,7 @@ def run(args) -> int:
   if args.shards < 1 or args.rows < args.shards:
     raise UserError(f"need --rows >= --shards >= 1, got --rows {args.rows} --shards {args.shards}")
   started = time.perf_counter()
-  paths = generate(args.out, rows=args.rows, shards=args.shards, seed=args.seed)
+  paths = generate(args.out, rows=args.rows, shards=args.shards, seed=args.seed, fmt=args.format)
   seconds = time.perf_counter() - started
   print(f"wrote {args.rows:,} rows in {len(paths)} files to {args.out} in {seconds:.2f} s")
   return 0

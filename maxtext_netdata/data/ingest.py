@@ -1,0 +1,283 @@
+"""`maxtext-netdata ingest`: RIPE Atlas ping results (JSON) → raw parquet shards (SPEC §1).
+
+Inputs are JSON lines (the daily dumps, the results API's text format) or a JSON array (the
+API's default), plain or `.bz2` / `.gz` / `.zst`, local or `gs://` / `s3://`; they are
+listed and opened through `data.remote`, like `prepare`'s. The mapping from results to rows
+is `data.ripe_json`'s (docs/data_format.md).
+
+Memory is bounded by the block and run sizes, not by the input: blocks of `block_bytes` are
+mapped as they are read; rows gather into runs of at most `run_rows`, each sorted by time and
+written to a temporary parquet file; the runs are then merged (an external sort) into
+`shards` files, file k holding the k-th time range, like `generate`'s and real dumps. A
+single run is sorted in memory and written directly. Shards are written under temporary
+names and renamed; the `.complete` marker (JSON: counts and files) comes last, and files of
+an earlier run in the folder are replaced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+import types
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import tqdm
+
+from maxtext_netdata.data import remote, ripe_json
+from maxtext_netdata.data.generate import (
+  COMPLETE_MARKER,
+  FILE_PATTERN,
+  ROW_GROUP_SIZE,
+  clear_outputs,
+)
+from maxtext_netdata.errors import DataError, UserError
+
+BLOCK_BYTES = 16 << 20
+RUN_ROWS = 4_000_000  # rows sorted in memory at once (~80 bytes a row)
+SHARD_ROWS = 1_000_000  # rows per file when --shards is not given
+_MERGE_BATCH = 65_536  # rows read from each run at a time while merging
+_CODECS = {".bz2": "bz2", ".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+
+
+@dataclasses.dataclass
+class Summary:
+  counts: ripe_json.Counts
+  files: list[str]
+  seconds: float
+
+  def line(self) -> str:
+    c = self.counts
+    return (
+      f"ingest: {c.results:,} results read, {c.rows:,} rows written in {len(self.files)} files,"
+      f" {c.other_types:,} results of other types skipped, {c.duplicates:,} duplicates"
+      f" dropped, {c.bad_lines:,} bad lines ({self.seconds:.1f} s)"
+    )
+
+
+def storage_options() -> remote.StorageOptions:
+  """The storage layer's defaults and environment (ingest takes no config file)."""
+  defaults = types.SimpleNamespace(
+    network_s3_endpoint="",
+    network_s3_region="",
+    network_remote_retries=5,
+    network_remote_backoff_s=0.5,
+  )
+  return remote.StorageOptions.from_config(defaults)
+
+
+def _blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
+  """(newline-delimited results, first line number, unit name) of one input, block by block."""
+  codec = _CODECS.get(os.path.splitext(entry.uri)[1].lower())
+  raw = remote.open_input_file(entry, options)
+  stream = pa.CompressedInputStream(raw, codec) if codec else raw
+  array, carry, line, position = None, b"", 1, 0
+  try:
+    while True:
+      try:
+        piece = stream.read(block_bytes)
+      except (OSError, pa.ArrowException) as e:
+        what = f"corrupt or truncated {codec} data" if codec else "read error"
+        raise DataError(f"{entry.uri}: {what} after line {line - 1} ({e})") from None
+      last = not piece
+      if array is None and (piece.lstrip() or last):
+        array = (carry + piece).lstrip()[:1] == b"["
+        if array:
+          converter = ripe_json.ArrayToLines(entry.uri)
+      if progress is not None:
+        done = raw.tell()
+        progress.update(done - position)
+        position = done
+      if array:
+        data = converter.feed(piece, last)
+      else:
+        data = carry + piece
+        cut = len(data) if last else data.rfind(b"\n") + 1
+        data, carry = data[:cut], data[cut:]
+      if data.strip():
+        yield data, line, "array element" if array else "line"
+        line += data.count(b"\n")
+      if last:
+        return
+  finally:
+    raw.close()
+
+
+class _ShardWriter:
+  """`rows` rows in time order → `shards` parquet files; file k ends at row rows*(k+1)//shards."""
+
+  def __init__(self, out_dir: str, rows: int, shards: int):
+    self.out_dir, self.shards = out_dir, shards
+    self.ends = [rows * (k + 1) // shards for k in range(shards)]
+    self.paths: list[str] = []
+    self.writer, self.tmp, self.written = None, None, 0
+
+  def write(self, table: pa.Table) -> None:
+    while table.num_rows:
+      if self.writer is None:
+        path = os.path.join(self.out_dir, FILE_PATTERN.format(len(self.paths), self.shards))
+        self.paths.append(path)
+        self.tmp = os.path.join(self.out_dir, f".tmp-{os.getpid()}-{os.path.basename(path)}")
+        self.writer = pq.ParquetWriter(self.tmp, ripe_json.ROW_SCHEMA)
+      room = self.ends[len(self.paths) - 1] - self.written
+      self.writer.write_table(table.slice(0, room), row_group_size=ROW_GROUP_SIZE)
+      self.written += min(room, table.num_rows)
+      table = table.slice(room)
+      if self.written == self.ends[len(self.paths) - 1]:
+        self.writer.close()
+        os.replace(self.tmp, self.paths[-1])
+        self.writer, self.tmp = None, None
+
+  def close(self) -> list[str]:
+    if self.writer is not None or len(self.paths) != self.shards:
+      raise AssertionError(f"wrote {self.written} of {self.ends[-1]} rows")
+    return self.paths
+
+  def abort(self) -> None:
+    if self.writer is not None:
+      self.writer.close()
+    if self.tmp and os.path.exists(self.tmp):
+      os.remove(self.tmp)
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+  """Rows by time; equal times keep their order (Arrow's sort is stable)."""
+  return table.take(pc.sort_indices(table, [("event_time", "ascending")]))
+
+
+def _merge(runs: list[str]):
+  """The rows of time-sorted run files in time order, a bounded piece at a time.
+
+  Each step takes the smallest last time among the runs' current batches: nothing later in
+  any run comes before it, so every buffered row up to it is final.
+  """
+  readers = [pq.ParquetFile(path).iter_batches(batch_size=_MERGE_BATCH) for path in runs]
+  pending = [pa.Table.from_batches([next(r)]) for r in readers]
+  while pending:
+    times = [t.column("event_time").cast(pa.int64()).to_numpy() for t in pending]
+    bound = min(t[-1] for t in times)
+    ready, keep = [], []
+    for i, table in enumerate(pending):
+      done = int(np.searchsorted(times[i], bound, side="right"))
+      ready.append(table.slice(0, done))
+      keep.append((i, table.slice(done)))
+    yield _sorted(pa.concat_tables(ready))
+    pending_next, readers_next = [], []
+    for i, rest in keep:
+      if rest.num_rows == 0:
+        batch = next(readers[i], None)
+        if batch is None:
+          continue
+        rest = pa.Table.from_batches([batch])
+      pending_next.append(rest)
+      readers_next.append(readers[i])
+    pending, readers = pending_next, readers_next
+
+
+def ingest(
+  inputs: list[str],
+  out_dir: str,
+  *,
+  shards: int = 0,
+  skip_bad: bool = False,
+  block_bytes: int = BLOCK_BYTES,
+  run_rows: int = RUN_ROWS,
+  progress: bool = True,
+) -> Summary:
+  """Read every input (files or globs, in name order) and write time-sorted parquet shards.
+
+  `shards` 0 picks one file per SHARD_ROWS rows. Raises DataError for bad input (naming the
+  file and line) and for input holding no ping row; `out_dir` then has no `.complete`.
+  """
+  started = time.perf_counter()
+  options = storage_options()
+  entries = remote.expand_all(inputs, options)
+  os.makedirs(out_dir, exist_ok=True)
+  clear_outputs(out_dir)
+  counts = ripe_json.Counts()
+  runs_dir = tempfile.mkdtemp(prefix=".ingest-runs-", dir=out_dir)
+  bar = tqdm.tqdm(
+    total=sum(e.size for e in entries),
+    unit="B",
+    unit_scale=True,
+    desc="ingest",
+    disable=not progress,
+    mininterval=1.0,
+  )
+  writer = None
+  try:
+    runs, buffer, buffered = [], [], 0
+    for entry in entries:
+      for data, line, unit in _blocks(entry, options, block_bytes, bar):
+        table = ripe_json.rows_of_block(data, line, entry.uri, unit, counts, skip_bad)
+        buffer.append(table)
+        buffered += table.num_rows
+        if buffered >= run_rows:
+          runs.append(os.path.join(runs_dir, f"run-{len(runs):05d}.parquet"))
+          pq.write_table(_sorted(pa.concat_tables(buffer)), runs[-1], compression="lz4")
+          buffer, buffered = [], 0
+    bar.close()
+    if counts.rows == 0:
+      raise DataError(f"{', '.join(inputs)}: no ping result gave a row")
+    shards = min(shards or -(-counts.rows // SHARD_ROWS), counts.rows)
+    writer = _ShardWriter(out_dir, counts.rows, shards)
+    if buffer and not runs:
+      writer.write(_sorted(pa.concat_tables(buffer)))
+    else:
+      if buffer:
+        runs.append(os.path.join(runs_dir, f"run-{len(runs):05d}.parquet"))
+        pq.write_table(_sorted(pa.concat_tables(buffer)), runs[-1], compression="lz4")
+      buffer = []
+      for piece in _merge(runs):
+        writer.write(piece)
+    paths = writer.close()
+    writer = None
+  finally:
+    bar.close()
+    if writer is not None:
+      writer.abort()
+    shutil.rmtree(runs_dir, ignore_errors=True)
+  summary = Summary(counts, paths, time.perf_counter() - started)
+  marker = os.path.join(out_dir, COMPLETE_MARKER)
+  with open(marker + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(
+      {
+        **dataclasses.asdict(counts),
+        "inputs": inputs,
+        "files": [os.path.basename(p) for p in paths],
+      },
+      f,
+    )
+  os.replace(marker + ".tmp", marker)
+  return summary
+
+
+def add_arguments(parser) -> None:
+  parser.add_argument(
+    "inputs",
+    nargs="+",
+    metavar="INPUT",
+    help="RIPE Atlas ping results: JSON lines or a JSON array, plain, .bz2, .gz or .zst;"
+    " paths, globs, gs:// or s3:// URIs",
+  )
+  parser.add_argument("--out", required=True, help="output folder for the parquet shards")
+  parser.add_argument(
+    "--shards", type=int, default=0, help=f"parquet files (default: one per {SHARD_ROWS:,} rows)"
+  )
+  parser.add_argument(
+    "--skip-bad", action="store_true", help="skip and count bad lines instead of stopping"
+  )
+
+
+def run(args) -> int:
+  if args.shards < 0:
+    raise UserError(f"--shards must be >= 0, got {args.shards}")
+  summary = ingest(args.inputs, args.out, shards=args.shards, skip_bad=args.skip_bad)
+  print(f"{summary.line()} to {args.out}")
+  return 0

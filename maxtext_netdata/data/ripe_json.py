@@ -1,0 +1,355 @@
+"""RIPE Atlas ping results (JSON) → raw measurement rows (SPEC §1), one block at a time.
+
+The hot path hands a block of newline-delimited results to pyarrow's JSON reader with an
+explicit schema (`RESULT_SCHEMA`: only the fields the mapping needs; the rest are skipped)
+and maps the resulting columns with Arrow compute and numpy: the `result` lists are
+exploded with `list_flatten` / `list_parent_indices`, one row per packet. No Python code
+runs per result there.
+
+pyarrow's reader is strict about types: a block holding a number as a string (firmware 0
+wrote `"avg": "58.042"`), a `result` that is not a list (other result types), or a line
+that is not JSON fails as a whole. Such a block takes the slow path: each line is parsed
+with `json.loads`, coerced to `RESULT_SCHEMA` and mapped by the same Arrow code, so both
+paths give the same rows; the slow path also finds the number of a bad line.
+
+JSON arrays (the results API's default format) are turned into the same newline-delimited
+blocks by `ArrayToLines`, which finds the array's top-level commas with numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from maxtext_netdata.errors import DataError
+
+_PACKET = pa.struct(
+  [("rtt", pa.float64()), ("x", pa.string()), ("error", pa.string()), ("dup", pa.int64())]
+)
+RESULT_SCHEMA = pa.schema(
+  [
+    ("type", pa.string()),
+    ("msm_id", pa.int64()),
+    ("prb_id", pa.int64()),
+    ("timestamp", pa.int64()),
+    ("af", pa.int64()),
+    ("from", pa.string()),
+    ("src_addr", pa.string()),
+    ("dst_addr", pa.string()),
+    ("addr", pa.string()),
+    ("result", pa.list_(_PACKET)),
+    ("avg", pa.float64()),
+    ("rcvd", pa.int64()),
+  ]
+)
+ROW_SCHEMA = pa.schema(
+  [
+    ("msm_id", pa.int64()),
+    ("event_time", pa.timestamp("s", tz="UTC")),
+    ("src_addr", pa.string()),
+    ("dst_addr", pa.string()),
+    ("ip_version", pa.int64()),
+    ("rtt", pa.float64()),
+    ("prb_id", pa.int64()),
+  ]
+)
+FAILED_RTT = -1.0
+_PARSE = pj.ParseOptions(explicit_schema=RESULT_SCHEMA, unexpected_field_behavior="ignore")
+_NULL_INT = pa.scalar(None, pa.int64())
+
+
+@dataclasses.dataclass
+class Counts:
+  """What a run has seen so far."""
+
+  results: int = 0  # JSON objects read, of any type
+  rows: int = 0
+  other_types: int = 0
+  duplicates: int = 0
+  bad_lines: int = 0
+
+
+class BadLine(DataError):
+  """A line that is not a ping result the mapping can use; `line` is 1-based."""
+
+  def __init__(self, path: str, unit: str, line: int, reason: str):
+    super().__init__(f"{path}: {unit} {line}: {reason}")
+    self.line = line
+
+
+def _nonempty(column) -> pa.Array:
+  return pc.fill_null(pc.not_equal(column, ""), False)
+
+
+def _version_of(address) -> pa.Array:
+  """6 for text with a colon, 4 for text with a dot, else null."""
+  six = pc.if_else(pc.match_substring(address, ":"), 6, _NULL_INT)
+  return pc.if_else(pc.match_substring(address, "."), pc.coalesce(six, 4), six)
+
+
+def _problem(batch: pa.RecordBatch, i: int) -> str:
+  """Why row `i` of a results batch cannot become a row (for the error message only)."""
+  row = batch.slice(i, 1).to_pylist()[0]
+  missing = [k for k in ("msm_id", "timestamp") if row[k] is None]
+  if row["af"] not in (None, 4, 6):
+    return f"af is {row['af']}, expected 4 or 6"
+  if row["af"] is None and not any(row[k] for k in ("dst_addr", "addr", "from", "src_addr")):
+    missing.append("af (or an address)")
+  if row["result"] is None and row["avg"] is None and row["rcvd"] != 0:
+    missing.append("result (or avg)")
+  return "not a usable ping result: no " + ", ".join(missing) if missing else "unusable result"
+
+
+def map_batch(batch: pa.RecordBatch, counts: Counts) -> tuple[pa.Table, np.ndarray]:
+  """Rows (ROW_SCHEMA, in result order) of one batch of RESULT_SCHEMA, and its bad rows.
+
+  Counts results, other types and duplicates into `counts` (rows and bad lines are the
+  caller's: it decides whether bad rows are an error).
+  """
+  counts.results += batch.num_rows
+  other = pc.fill_null(pc.not_equal(batch.column("type"), "ping"), False).to_numpy(
+    zero_copy_only=False
+  )
+  counts.other_types += int(other.sum())
+  dst = batch.column("dst_addr")
+  dst = pc.if_else(
+    _nonempty(dst), dst, pc.if_else(_nonempty(batch.column("addr")), batch.column("addr"), dst)
+  )
+  src = pc.if_else(_nonempty(batch.column("from")), batch.column("from"), batch.column("src_addr"))
+  af = batch.column("af")
+  version = pc.coalesce(af, _version_of(dst), _version_of(src))
+  avg, rcvd = batch.column("avg"), batch.column("rcvd")
+  failed_old = pc.or_(
+    pc.fill_null(pc.equal(rcvd, 0), False), pc.fill_null(pc.equal(avg, -1.0), False)
+  )
+  old_rtt = pc.if_else(failed_old, FAILED_RTT, avg)
+  packets = batch.column("result")
+  has_list = packets.is_valid().to_numpy(zero_copy_only=False)
+  usable = (
+    batch.column("msm_id").is_valid().to_numpy(zero_copy_only=False)
+    & batch.column("timestamp").is_valid().to_numpy(zero_copy_only=False)
+    & pc.fill_null(pc.is_in(version, pa.array([4, 6])), False).to_numpy(zero_copy_only=False)
+    & (has_list | old_rtt.is_valid().to_numpy(zero_copy_only=False))
+  )
+  bad = np.flatnonzero(~other & ~usable)
+  good = ~other & usable
+
+  flat = pc.list_flatten(packets)
+  parent = pc.list_parent_indices(packets).to_numpy()
+  take = good[parent]
+  dup = pc.struct_field(flat, "dup").is_valid().to_numpy(zero_copy_only=False)
+  counts.duplicates += int((take & dup).sum())
+  take &= ~dup
+  rtt = pc.fill_null(pc.struct_field(flat, "rtt"), FAILED_RTT).to_numpy()
+  old = np.flatnonzero(good & ~has_list)
+  index = np.concatenate([parent[take], old])
+  values = np.concatenate([rtt[take], pc.fill_null(old_rtt, FAILED_RTT).to_numpy()[old]])
+  order = np.argsort(index, kind="stable")
+  index, values = pa.array(index[order]), values[order]
+  table = pa.table(
+    [
+      batch.column("msm_id").take(index),
+      pc.cast(batch.column("timestamp").take(index), ROW_SCHEMA.field("event_time").type),
+      src.take(index),
+      dst.take(index),
+      version.take(index),
+      pa.array(values, pa.float64()),
+      batch.column("prb_id").take(index),
+    ],
+    schema=ROW_SCHEMA,
+  )
+  return table, bad
+
+
+def _as_int(value):
+  if value is None:
+    return None
+  if isinstance(value, bool):
+    raise ValueError(value)
+  number = float(value)
+  if not math.isfinite(number):
+    raise ValueError(value)
+  return int(number)
+
+
+def _as_float(value):
+  if value is None:
+    return None
+  if isinstance(value, bool):
+    raise ValueError(value)
+  number = float(value)
+  if not math.isfinite(number):
+    raise ValueError(value)
+  return number
+
+
+def _as_text(value):
+  return None if value is None else str(value)
+
+
+def _coerce(result: dict) -> dict:
+  """A parsed result in RESULT_SCHEMA's types; ValueError/TypeError when it cannot be."""
+  kind = result.get("type")
+  if kind is not None and kind != "ping":
+    return {"type": str(kind)}  # skipped whatever the rest holds
+  row = {
+    "type": kind,
+    **{k: _as_int(result.get(k)) for k in ("msm_id", "prb_id", "timestamp", "af", "rcvd")},
+    **{k: _as_text(result.get(k)) for k in ("from", "src_addr", "dst_addr", "addr")},
+    "avg": _as_float(result.get("avg")),
+    "result": None,
+  }
+  packets = result.get("result")
+  if isinstance(packets, list):
+    row["result"] = [
+      {
+        "rtt": _as_float(p.get("rtt")),
+        "x": _as_text(p.get("x")),
+        "error": None if "error" not in p else str(p["error"]),
+        "dup": 1 if "dup" in p else None,
+      }
+      if isinstance(p, dict)
+      else {"rtt": None, "x": None, "error": "not an object", "dup": None}
+      for p in packets
+    ]
+  return row
+
+
+def _slow_results(data: bytes) -> tuple[pa.Table, list[int], list[tuple[int, str]]]:
+  """(results, their 0-based lines, [(line, reason)] of lines that are not results)."""
+  rows, lines, bad = [], [], []
+  for i, line in enumerate(data.split(b"\n")):
+    if not line.strip():
+      continue
+    try:
+      value = json.loads(line)
+    except ValueError:
+      bad.append((i, "not JSON"))
+      continue
+    if not isinstance(value, dict):
+      bad.append((i, f"not a JSON object (a {type(value).__name__})"))
+      continue
+    try:
+      rows.append(_coerce(value))
+    except (ValueError, TypeError, AttributeError) as e:
+      bad.append((i, f"a field has an unusable value ({e})"))
+      continue
+    lines.append(i)
+  return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA), lines, bad
+
+
+def _row_lines(data: bytes) -> list[int]:
+  """0-based line of each result of a block read by pyarrow (blank lines hold none)."""
+  return [i for i, line in enumerate(data.split(b"\n")) if line.strip()]
+
+
+def rows_of_block(
+  data: bytes, first_line: int, path: str, unit: str, counts: Counts, skip_bad: bool
+) -> pa.Table:
+  """Rows of a block of newline-delimited results whose first line is `first_line` (1-based).
+
+  A bad line raises BadLine naming `path` and the line, or with `skip_bad` is counted and
+  dropped.
+  """
+  try:
+    results = pj.read_json(pa.BufferReader(data), parse_options=_PARSE)
+    lines, bad_lines = None, []
+  except pa.ArrowInvalid:
+    results, lines, bad_lines = _slow_results(data)
+  if bad_lines and not skip_bad:
+    line, reason = bad_lines[0]
+    raise BadLine(path, unit, first_line + line, reason)
+  counts.bad_lines += len(bad_lines)
+  tables, done = [], 0
+  for batch in results.to_batches():
+    table, bad = map_batch(batch, counts)
+    if len(bad):
+      if lines is None:
+        lines = _row_lines(data)
+      if not skip_bad:
+        raise BadLine(path, unit, first_line + lines[done + bad[0]], _problem(batch, bad[0]))
+      counts.bad_lines += len(bad)
+    done += batch.num_rows
+    tables.append(table)
+  table = pa.concat_tables(tables) if tables else ROW_SCHEMA.empty_table()
+  counts.rows += table.num_rows
+  return table
+
+
+_DEPTH = np.zeros(256, np.int64)
+_DEPTH[[ord("{"), ord("[")]] = 1
+_DEPTH[[ord("}"), ord("]")]] = -1
+_STRUCTURAL = np.zeros(256, bool)
+_STRUCTURAL[[ord(c) for c in "{}[],"]] = True
+
+
+class ArrayToLines:
+  """A JSON array, fed in pieces, as newline-delimited JSON: one element per line.
+
+  Each piece returned ends after a complete element; the rest waits for the next piece, so
+  every piece starts outside any string at the array's top level. Raw newlines cannot occur
+  inside JSON strings, so they become spaces (pretty-printed arrays turn into one element a
+  line); the top-level commas become newlines. Quotes are found with numpy, and only the
+  structural characters outside strings are walked to find the depth: a few passes over the
+  bytes, no Python loop per byte or element.
+  """
+
+  def __init__(self, path: str):
+    self.path = path
+    self.started = False
+    self.closed = False
+    self.carry = b""
+
+  def feed(self, piece: bytes, last: bool) -> bytes:
+    buf = self.carry + piece
+    if not self.started:
+      buf = buf.lstrip()
+      if not buf:
+        return b""
+      if buf[:1] != b"[":
+        raise DataError(f"{self.path}: not a JSON array")
+      buf, self.started = buf[1:], True
+    if self.closed:
+      if buf.strip():
+        raise DataError(f"{self.path}: text after the end of the JSON array")
+      return b""
+    buf = buf.replace(b"\n", b" ").replace(b"\r", b" ")
+    raw = np.frombuffer(buf, np.uint8)
+    quotes = np.flatnonzero(raw == ord('"'))
+    if b"\\" in buf:
+      # A quote after an odd run of backslashes is part of the string.
+      position = np.arange(len(raw))
+      last_plain = np.maximum.accumulate(np.where(raw == ord("\\"), -1, position))
+      before = np.maximum(quotes - 1, 0)
+      run = np.where(quotes > 0, before - last_plain[before], 0)
+      quotes = quotes[run % 2 == 0]
+    marks = np.flatnonzero(_STRUCTURAL[raw])
+    marks = marks[np.searchsorted(quotes, marks, side="right") % 2 == 0]
+    depth = 1 + np.cumsum(_DEPTH[raw[marks]])
+    if len(depth) and depth.min() < 0:
+      raise DataError(f"{self.path}: not a well-formed JSON array")
+    commas = marks[(raw[marks] == ord(",")) & (depth == 1)]
+    ends = marks[depth == 0]
+    if len(ends):
+      if buf[ends[0] + 1 :].strip():
+        raise DataError(f"{self.path}: text after the end of the JSON array")
+      cut, self.closed, self.carry = ends[0], True, b""
+      commas = commas[commas < cut]
+    elif last:
+      raise DataError(f"{self.path}: the JSON array is not closed (truncated file?)")
+    elif len(commas):
+      cut, commas = commas[-1], commas[:-1]
+      self.carry = buf[cut + 1 :]
+    else:
+      self.carry = buf
+      return b""
+    out = bytearray(buf[:cut])
+    np.frombuffer(out, np.uint8)[commas] = ord("\n")
+    out += b"\n"
+    return bytes(out)
