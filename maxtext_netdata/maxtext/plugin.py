@@ -5,9 +5,10 @@ unknown config keys are rejected, and the input pipeline dispatches on a fixed t
 `install()` teaches an imported MaxText our dataset type, through its public module attributes:
 
 - config: `pyconfig.initialize` / `initialize_pydantic` default to `NetworkMaxTextConfig`, a
-  subclass of MaxText's `MaxTextConfig` whose `dataset_type` also admits `network_grain` and
-  which has every `network_*` key of our `configs/base.yml` (type, default and description from
-  there). Every other key, and every unknown one, goes through MaxText's own validation.
+  subclass of MaxText's `MaxTextConfig` with every `network_*` field of our `config.ConfigModel`
+  (type, default, description and value checks from there), whose `dataset_type` also admits
+  every name of our `input_pipeline.registry`. Every other key, and every unknown one, goes
+  through MaxText's own validation.
 - data: `input_pipeline_interface.create_data_iterator` builds our Grain pipeline for
   `network_grain` (`network_config` maps MaxText's keys to ours) and hands every other dataset
   type to MaxText. Each loading process gets its rows of each global batch in a
@@ -23,17 +24,19 @@ unknown config keys are rejected, and the input pipeline dispatches on a fixed t
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.metadata
 import inspect
 import math
 import re
 import time
-from typing import Any, Literal
+from typing import Annotated, Any
 
 import numpy as np
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+from pydantic import BeforeValidator, Field, create_model
 
 from maxtext_netdata import config as netdata_config
 from maxtext_netdata.errors import UserError
@@ -114,38 +117,48 @@ def _modules() -> dict[str, Any]:
   return modules
 
 
-def _base_yml_comments() -> dict[str, str]:
-  """`key -> its one-line comment` in our base.yml, for the pydantic field descriptions."""
-  text = (netdata_config.configs_dir() / "base.yml").read_text(encoding="utf-8")
-  return dict(re.findall(r"^(\w+):.*?#\s*(.*)$", text, flags=re.MULTILINE))
-
-
 def _network_fields() -> dict[str, tuple[Any, Any]]:
-  """pydantic field definitions of every `network_*` key of our base.yml."""
-  from pydantic import Field  # noqa: PLC0415 (a MaxText dependency, not one of ours)
+  """pydantic fields of every `network_*` key: our ConfigModel's, with their types and checks."""
+  return {
+    key: (field.annotation, copy.copy(field))
+    for key, field in netdata_config.ConfigModel.model_fields.items()
+    if key.startswith("network_")
+  }
 
-  comments = _base_yml_comments()
-  fields = {}
-  for key, default in netdata_config.defaults().items():
-    if key.startswith("network_"):
-      kind = list[float] if isinstance(default, list) else type(default)
-      fields[key] = (kind, Field(default, description=comments.get(key, "")))
-  return fields
+
+def _dataset_type_field(types) -> tuple[Any, Any]:
+  """MaxText's `dataset_type` field, also admitting every type of our registry.
+
+  Read at validation time, so a type registered after install() is admitted too. MaxText's own
+  names stay its enum members.
+  """
+  from maxtext_netdata.input_pipeline import registry  # noqa: PLC0415
+
+  maxtext_names = {member.value: member for member in types.DatasetType}
+
+  def check(value):
+    if isinstance(value, str) and not isinstance(value, types.DatasetType):
+      if value in maxtext_names:
+        return maxtext_names[value]
+      if value not in registry.dataset_types():
+        names = sorted({*maxtext_names, *registry.dataset_types()})
+        raise ValueError(f"dataset_type={value!r} is not one of {', '.join(names)}")
+    return value
+
+  description = netdata_config.ConfigModel.model_fields["dataset_type"].description
+  return (
+    Annotated[types.DatasetType | str, BeforeValidator(check)],
+    Field(types.DatasetType.SYNTHETIC, description=f"MaxText's pipelines or ours ({description})"),
+  )
 
 
 def _make_config_class(types):
-  """`NetworkMaxTextConfig`: MaxText's config model plus network_grain and the network_* keys."""
-  from pydantic import Field, create_model  # noqa: PLC0415
-
-  dataset_type = (
-    types.DatasetType | Literal["network_grain"],
-    Field(types.DatasetType.SYNTHETIC, description="The data loading pipeline (or network_grain)."),
-  )
+  """`NetworkMaxTextConfig`: MaxText's config model plus our dataset types and network_* keys."""
   return create_model(
     "NetworkMaxTextConfig",
     __base__=types.MaxTextConfig,
     __module__=__name__,
-    dataset_type=dataset_type,
+    dataset_type=_dataset_type_field(types),
     **_network_fields(),
   )
 
@@ -163,14 +176,7 @@ def network_config(maxtext_config) -> netdata_config.Config:
   batch = maxtext_config.global_batch_size_to_load
   values = {key: getattr(maxtext_config, key) for key in _SHARED_KEYS}
   values["grain_eval_files"] = values["grain_eval_files"] or ""
-  values.update(
-    {
-      key: getattr(maxtext_config, key)
-      for key in netdata_config.defaults()
-      if key.startswith("network_")
-    }
-  )
-  values["network_mode_weights"] = list(values["network_mode_weights"])
+  values.update({key: getattr(maxtext_config, key) for key in _network_fields()})
   values["dataset_type"] = NETWORK_GRAIN
   values["global_batch_size_to_load"] = int(batch)
   values["grain_prefetch_buffer_size"] = max(

@@ -170,8 +170,14 @@ def test_maxtext_rejects_wrong_type_and_unknown_dataset_type():
 
 
 def test_our_validation_applies_to_network_values():
-  config = _maxtext_config("network_field_order=sorted")
-  with pytest.raises(ConfigError, match="network_field_order='sorted' is not one of"):
+  # The network_* fields are our ConfigModel's: MaxText's validation applies their checks.
+  with pytest.raises(ValueError, match=r"Input should be 'random', 'fixed' or 'hashed'"):
+    _maxtext_config("network_field_order=sorted")
+  with pytest.raises(ValueError, match=r"network_test_fraction\n.*must be in \[0, 1\)"):
+    _maxtext_config("network_test_fraction=1.5")
+  # A shared key MaxText admits must still pass ours when the pipeline is built.
+  config = _maxtext_config("grain_worker_count=-2")
+  with pytest.raises(ConfigError, match="grain_worker_count=-2 must be -1, 0 or more"):
     maxtext_plugin.network_config(config)
 
 
