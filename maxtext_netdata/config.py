@@ -369,11 +369,14 @@ def _error_message(error: Mapping[str, Any], values: Mapping[str, Any], origin) 
   if error["type"] == "literal_error":
     choices = get_args(ConfigModel.model_fields[key].annotation)
     return f"{source}: {key}={value!r} is not one of {', '.join(choices)}"
-  default = ConfigModel.model_fields[key].default
-  return (
-    f"{source}: {key}={value!r} has type {_type_name(value)}, expected {_expected(key)}"
-    f" (default {default!r})"
-  )
+  if error["type"].endswith("_type"):
+    default = ConfigModel.model_fields[key].default
+    return (
+      f"{source}: {key}={value!r} has type {_type_name(value)}, expected {_expected(key)}"
+      f" (default {default!r})"
+    )
+  # A Field constraint (ge=, max_length=, ...): pydantic's own words.
+  return f"{source}: {key}={value!r} {error['msg'].replace('Input should', 'should')}"
 
 
 def validate(values: Mapping[str, Any], origin=lambda key: "config") -> dict[str, Any]:
