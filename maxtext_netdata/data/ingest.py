@@ -158,7 +158,8 @@ def _merge(runs: list[str]):
   any run comes before it, so every buffered row up to it is final.
   """
   readers = [pq.ParquetFile(path).iter_batches(batch_size=_MERGE_BATCH) for path in runs]
-  pending = [pa.Table.from_batches([next(r)]) for r in readers]
+  # Parquet has no seconds unit: runs come back in ms, the shards are written in seconds.
+  pending = [pa.Table.from_batches([next(r)]).cast(ripe_json.ROW_SCHEMA) for r in readers]
   while pending:
     times = [t.column("event_time").cast(pa.int64()).to_numpy() for t in pending]
     bound = min(t[-1] for t in times)
@@ -174,7 +175,7 @@ def _merge(runs: list[str]):
         batch = next(readers[i], None)
         if batch is None:
           continue
-        rest = pa.Table.from_batches([batch])
+        rest = pa.Table.from_batches([batch]).cast(ripe_json.ROW_SCHEMA)
       pending_next.append(rest)
       readers_next.append(readers[i])
     pending, readers = pending_next, readers_next

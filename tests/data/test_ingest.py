@@ -1,0 +1,294 @@
+"""ingest: RIPE Atlas ping results as JSON, in every real shape, → raw parquet (SPEC §1)."""
+
+import bz2
+import glob
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from maxtext_netdata import cli, config
+from maxtext_netdata.data import prepare
+from maxtext_netdata.data.generate import generate
+from maxtext_netdata.data.ingest import ingest
+from maxtext_netdata.errors import DataError
+
+SPEC_COLUMNS = ["msm_id", "event_time", "src_addr", "dst_addr", "ip_version", "rtt"]
+T0 = 1_751_328_000
+
+# One result of each real shape, and the rows SPEC §1 says each becomes.
+MODERN = [
+  {  # replies, a timeout, an error and a duplicate; `from` beats the private src_addr
+    "fw": 5080,
+    "type": "ping",
+    "af": 4,
+    "msm_id": 1001,
+    "prb_id": 7,
+    "timestamp": T0 + 10,
+    "dst_addr": "193.0.14.129",
+    "src_addr": "192.168.1.10",
+    "from": "77.1.2.3",
+    "result": [
+      {"rtt": 12.5},
+      {"x": "*"},
+      {"error": "Network is unreachable"},
+      {"rtt": 12.6, "dup": 1},
+      {"rtt": 13.25, "ttl": 55},
+    ],
+  },
+  {  # IPv6, `src_addr` only (no `from`), a reply carrying its source address
+    "fw": 4790,
+    "type": "ping",
+    "af": 6,
+    "msm_id": 2001,
+    "prb_id": 8,
+    "timestamp": T0 + 5,
+    "dst_addr": "2001:db8::1",
+    "src_addr": "2a00:1::5",
+    "result": [{"srcaddr": "2a00:1::5", "rtt": 40.0}, {"x": "*"}],
+  },
+  {  # `addr` and `from` (firmware 1), no src_addr, no af: the version comes from the address
+    "fw": 1,
+    "type": "ping",
+    "msm_id": 1002,
+    "prb_id": 9,
+    "timestamp": T0 + 7,
+    "addr": "8.8.8.8",
+    "from": "95.4.3.2",
+    "result": [{"rtt": 20}],
+  },
+  {"type": "traceroute", "msm_id": 5001, "timestamp": T0, "result": [{"hop": 1, "result": []}]},
+]
+FIRMWARE_0 = [
+  {  # numbers as strings, `avg` only, no type
+    "msm_id": 1003,
+    "prb_id": 10,
+    "timestamp": T0 + 3,
+    "addr": "193.0.14.129",
+    "from": "80.1.1.1",
+    "avg": "58.042",
+    "rcvd": "3",
+    "sent": "3",
+  },
+  {
+    "msm_id": 1003,
+    "prb_id": 11,
+    "timestamp": T0 + 4,
+    "dst_addr": "193.0.14.129",
+    "src_addr": "81.1.1.1",
+    "avg": "-1",
+    "rcvd": "0",
+  },  # fmt: skip
+  {"type": "dns", "msm_id": 6001, "timestamp": T0, "result": {"rt": 5.1, "size": 40}},
+]
+EXPECTED = [  # (msm_id, seconds after T0, src, dst, version, rtt, prb_id), in time order
+  (1003, 3, "80.1.1.1", "193.0.14.129", 4, 58.042, 10),
+  (1003, 4, "81.1.1.1", "193.0.14.129", 4, -1.0, 11),
+  (2001, 5, "2a00:1::5", "2001:db8::1", 6, 40.0, 8),
+  (2001, 5, "2a00:1::5", "2001:db8::1", 6, -1.0, 8),
+  (1002, 7, "95.4.3.2", "8.8.8.8", 4, 20.0, 9),
+  (1001, 10, "77.1.2.3", "193.0.14.129", 4, 12.5, 7),
+  (1001, 10, "77.1.2.3", "193.0.14.129", 4, -1.0, 7),
+  (1001, 10, "77.1.2.3", "193.0.14.129", 4, -1.0, 7),
+  (1001, 10, "77.1.2.3", "193.0.14.129", 4, 13.25, 7),
+]
+
+
+def _lines(results) -> bytes:
+  return b"".join(json.dumps(r).encode() + b"\n" for r in results)
+
+
+def _write(path, data: bytes) -> str:
+  with open(path, "wb") as f:
+    f.write(data)
+  return str(path)
+
+
+def _rows(out_dir) -> pa.Table:
+  files = sorted(glob.glob(os.path.join(out_dir, "*.parquet")))
+  return pa.concat_tables([pq.read_table(f) for f in files])
+
+
+def _seconds(table):
+  return pc.cast(table.column("event_time"), pa.timestamp("s", tz="UTC")).cast(pa.int64())
+
+
+def _tuples(table):
+  seconds = _seconds(table).to_pylist()
+  columns = [table.column(c).to_pylist() for c in ("src_addr", "dst_addr", "ip_version", "rtt")]
+  return [
+    (m, s - T0, *rest, p)
+    for m, s, *rest, p in zip(
+      table.column("msm_id").to_pylist(),
+      seconds,
+      *columns,
+      table.column("prb_id").to_pylist(),
+      strict=True,
+    )
+  ]
+
+
+def _cli(*args):
+  return subprocess.run(
+    [sys.executable, "-m", "maxtext_netdata", *args],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+
+
+def test_every_real_shape_maps_as_the_spec_says(tmp_path):
+  path = _write(tmp_path / "mixed.json", _lines(MODERN + FIRMWARE_0))
+  summary = ingest([path], str(tmp_path / "out"), progress=False)
+  assert _tuples(_rows(tmp_path / "out")) == EXPECTED
+  c = summary.counts
+  assert (c.results, c.rows, c.other_types, c.duplicates, c.bad_lines) == (7, 9, 2, 1, 0)
+  marker = json.load(open(tmp_path / "out" / ".complete"))
+  assert marker["rows"] == 9 and marker["files"] == ["pings-00000-of-00001.parquet"]
+
+
+def test_arrow_path_and_per_line_path_give_the_same_rows(tmp_path):
+  # Modern results alone go through pyarrow's reader; beside firmware-0 strings the block
+  # falls back to json.loads per line. Both must map them alike.
+  fast = ingest(
+    [_write(tmp_path / "a.json", _lines(MODERN))], str(tmp_path / "fast"), progress=False
+  )
+  ingest([_write(tmp_path / "b.json", _lines(MODERN + FIRMWARE_0))], str(tmp_path / "slow"))
+  slow_rows = [r for r in _tuples(_rows(tmp_path / "slow")) if r[0] != 1003]
+  assert _tuples(_rows(tmp_path / "fast")) == slow_rows
+  assert fast.counts.rows == len(slow_rows)
+
+
+def test_json_array_and_every_compression_give_the_same_rows(tmp_path):
+  results = MODERN + [
+    # `},{` and escaped quotes inside strings must not split the array element
+    dict(MODERN[2], msm_name='a "},{" b \\', timestamp=T0 + 8, msm_id=1004),
+  ]
+  lines = _lines(results)
+  array = json.dumps(results).encode()
+  pretty = json.dumps(results, indent=2).encode()
+  inputs = {
+    "lines.json": lines,
+    "lines.json.gz": gzip.compress(lines),
+    "lines.json.bz2": bz2.compress(lines),
+    "lines.json.zst": pa.Codec("zstd").compress(lines, asbytes=True),
+    "array.json": array,
+    "pretty.json": pretty,
+    "array.json.bz2": bz2.compress(array),
+  }
+  reference = None
+  for name, data in inputs.items():
+    out = str(tmp_path / f"out-{name}")
+    # A 64-byte block cuts elements and lines everywhere: carries between blocks must hold.
+    ingest([_write(tmp_path / name, data)], out, block_bytes=64, progress=False)
+    rows = _tuples(_rows(out))
+    reference = reference or rows
+    assert rows == reference, name
+  assert len(reference) == 8 and reference[-1][:2] == (1001, 10)
+  assert (1004, 8, "95.4.3.2", "8.8.8.8", 4, 20.0, 9) in reference
+
+
+@pytest.mark.parametrize(
+  "text, line, reason",
+  [
+    ('{"this is": "not json"\n', 3, "not JSON"),
+    ('{"type": "ping", "msm_id": 3, "af": 4, "result": []}\n', 3, "no timestamp"),
+    ('{"type": "ping", "msm_id": 3, "timestamp": 5, "af": 5, "result": []}\n', 3, "af is 5"),
+  ],
+)
+def test_a_bad_line_is_one_error_line_naming_file_and_line(tmp_path, text, line, reason):
+  good = _lines(MODERN[:2])
+  path = _write(tmp_path / "bad.json", good + text.encode() + _lines(MODERN[2:]))
+  done = _cli("ingest", path, "--out", str(tmp_path / "out"))
+  assert done.returncode == 2, done.stderr
+  error = done.stderr.strip().splitlines()[-1]
+  assert error.startswith(f"maxtext-netdata ingest: error: {path}: line {line}: "), error
+  assert reason in error and "Traceback" not in done.stderr
+  assert not os.path.exists(tmp_path / "out" / ".complete")
+  assert not [n for n in os.listdir(tmp_path / "out") if n.startswith(".")]  # no leftovers
+
+  skipped = _cli("ingest", path, "--out", str(tmp_path / "out"), "--skip-bad")
+  assert skipped.returncode == 0, skipped.stderr
+  assert "1 bad lines" in skipped.stdout and "7 rows written" in skipped.stdout
+
+
+def test_bad_line_number_counts_every_earlier_block(tmp_path):
+  lines = _lines([dict(MODERN[0], timestamp=T0 + i) for i in range(500)])
+  path = _write(tmp_path / "long.json", lines + b"not json at all\n")
+  with pytest.raises(DataError, match=r"long.json: line 501: not JSON"):
+    ingest([path], str(tmp_path / "out"), block_bytes=1000, progress=False)
+
+
+def test_truncated_bz2_is_an_error_not_a_hang(tmp_path):
+  data = bz2.compress(_lines([dict(MODERN[0], timestamp=T0 + i) for i in range(20_000)]))
+  path = _write(tmp_path / "dump.bz2", data[: len(data) * 2 // 3])
+  done = _cli("ingest", path, "--out", str(tmp_path / "out"))
+  assert done.returncode == 2
+  error = done.stderr.strip().splitlines()[-1]
+  assert f"{path}: corrupt or truncated bz2 data after line" in error
+  assert "Traceback" not in done.stderr
+
+
+def test_only_other_types_is_an_error(tmp_path):
+  path = _write(tmp_path / "dns.json", _lines([MODERN[3], FIRMWARE_0[2]]))
+  with pytest.raises(DataError, match="no ping result gave a row"):
+    ingest([path], str(tmp_path / "out"), progress=False)
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+  """The same 20,000 generated measurements as parquet and as RIPE Atlas JSON lines."""
+  root = tmp_path_factory.mktemp("generated")
+  parquet = generate(str(root / "parquet"), rows=20_000, shards=2, seed=3, progress=False)
+  ripe = generate(
+    str(root / "json"), rows=20_000, shards=2, seed=3, progress=False, fmt="ripe-json"
+  )
+  table = pa.concat_tables([pq.read_table(p) for p in parquet])
+  return table, ripe
+
+
+@pytest.mark.parametrize("run_rows", [1_000_000, 3_000])  # in memory; external merge of runs
+def test_generate_then_ingest_gives_back_generates_parquet(tmp_path, generated, run_rows):
+  table, ripe = generated
+  out = str(tmp_path / "out")
+  summary = ingest(ripe, out, shards=3, run_rows=run_rows, block_bytes=1 << 20, progress=False)
+  rows = _rows(out)
+  assert len(glob.glob(os.path.join(out, "pings-*-of-00003.parquet"))) == 3
+  assert rows.select(SPEC_COLUMNS).equals(table.select(SPEC_COLUMNS))
+  failed = pc.sum(pc.less(table.column("rtt"), 0)).as_py()
+  assert 0 < failed < table.num_rows and summary.counts.rows == table.num_rows
+
+
+def test_two_files_are_sorted_globally_by_time(tmp_path, generated):
+  table, ripe = generated
+  lines = b"".join(open(p, "rb").read() for p in ripe).splitlines(keepends=True)
+  rng = random.Random(0)
+  halves = ([], [])
+  for line in lines:  # each file time-sorted, the two interleaved
+    halves[rng.random() < 0.5].append(line)
+  paths = [_write(tmp_path / f"part{i}.json", b"".join(h)) for i, h in enumerate(halves)]
+  out = str(tmp_path / "out")
+  ingest(paths, out, shards=2, run_rows=2_500, progress=False)
+  rows = _rows(out)
+  seconds = _seconds(rows).to_numpy()
+  assert (seconds[1:] >= seconds[:-1]).all()
+  keys = [(c, "ascending") for c in SPEC_COLUMNS]
+  assert rows.select(SPEC_COLUMNS).sort_by(keys).equals(table.select(SPEC_COLUMNS).sort_by(keys))
+
+
+def test_ingest_then_prepare(tmp_path, generated):
+  _, ripe = generated
+  out = str(tmp_path / "raw")
+  assert cli.main(["ingest", *ripe, "--out", out, "--shards", "2"]) == 0
+  cfg = config.load(
+    None, [f"grain_train_files={out}/*.parquet", f"network_prepared_dir={tmp_path / 'store'}"]
+  )
+  splits = prepare.prepare(cfg, progress=False)
+  assert splits.train.num_rows + splits.eval.num_rows == 20_000
