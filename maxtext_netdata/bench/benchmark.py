@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import psutil
 
 from maxtext_netdata import config
 from maxtext_netdata.bench import accelerators
+from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench import report as bench_report
 from maxtext_netdata.config import Config, ConfigError
 from maxtext_netdata.distributed import mesh
@@ -37,7 +37,9 @@ WARMUP_STEPS = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("config", help="YAML config (dataset_type network_grain)")
+  parser.add_argument(
+    "config", help="YAML config (dataset_type network_grain), or with --maxtext a MaxText YAML"
+  )
   parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
   parser.add_argument(
     "--report", help="JSON report path (default <run_dir>/bench/report.json; the PNG beside)"
@@ -73,9 +75,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--batches", type=int, default=100, metavar="M", help="measured loading batches"
   )
+  parser.add_argument(
+    "--maxtext",
+    action="store_true",
+    help="CONFIG is a MaxText config of any dataset type; run MaxText's own trainer and loader",
+  )
+  parser.add_argument(
+    "--profile",
+    action="store_true",
+    help="record a JAX profiler trace of real-data steps and measure the accelerator's gaps",
+  )
+  parser.add_argument(
+    "--loop-hook",
+    metavar="MODULE:FUNCTION",
+    help="with --maxtext: FUNCTION() patches MaxText (loop, pipeline) in every bench process",
+  )
 
 
 def run(args: argparse.Namespace) -> int:
+  if args.maxtext:
+    from maxtext_netdata.bench import maxtext_bench
+
+    return maxtext_bench.run(args)
+  if args.loop_hook:
+    raise ConfigError("--loop-hook patches MaxText: use it with --maxtext")
   cfg = config.load(args.config, args.overrides)
   sweep = _parse_sweep(args.sweep_workers)
   if args.steps < 0 or args.batches < 1:
@@ -130,9 +153,17 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
       measure_loading(cfg.replace(grain_worker_count=workers), device_mesh, args.batches)
     )
 
+  profile = None
   if args.steps > 0:
     _progress(f"training {args.steps} + {WARMUP_STEPS} steps on the configured data")
-    real = train_and_read_metrics(cfg, args.steps, out_dir / "real")
+    if args.profile:
+      with bench_profile.trace(out_dir / "real" / "profile") as trace_dir:
+        real = train_and_read_metrics(cfg, args.steps, out_dir / "real")
+      profile = bench_profile.analyze(
+        bench_profile.find_xplane(trace_dir), "train_step", skip_steps=WARMUP_STEPS
+      )
+    else:
+      real = train_and_read_metrics(cfg, args.steps, out_dir / "real")
 
   _progress("timing the pipeline stages")
   stages = measure_stages(cfg, device_mesh, min(args.batches, 20))
@@ -158,6 +189,9 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
     bench_report.recommend_workers(sweep_results, target["step_time_s"]) if sweep_results else None
   )
   knob = bench_report.next_knob(loading, _cpu_cores(), recommendation, stages["per_batch_s"])
+  verdict = bench_report.decide(
+    target["step_time_s"], target["source"], loading, real, reference, knob
+  )
   return {
     "config": cfg.config_path,
     "overrides": list(args.overrides),
@@ -180,9 +214,8 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
     "recommended_workers": recommendation,
     "stages": stages,
     "accelerator": bench_report.with_loader_cores(estimate, loading),
-    "verdict": bench_report.decide(
-      target["step_time_s"], target["source"], loading, real, reference, knob
-    ),
+    "profile": profile,
+    "verdict": bench_profile.amend_verdict(verdict, profile) if profile else verdict,
   }
 
 
@@ -328,7 +361,9 @@ def _cpu_seconds(before: dict[int, float] | None = None) -> dict[int, float] | f
 
 
 def _cpu_cores() -> int:
-  return len(os.sched_getaffinity(0))
+  from maxtext_netdata.input_pipeline.network_grain import usable_cores  # noqa: PLC0415
+
+  return usable_cores()
 
 
 def _parse_sweep(text: str | None) -> list[int]:

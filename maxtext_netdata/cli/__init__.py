@@ -62,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
   if extra:
     args.overrides = [*args.overrides, *extra]
   module = importlib.import_module(COMMANDS[args.command][0])
+  from absl import flags  # noqa: PLC0415
+
+  # Grain reads its absl flags when it starts worker processes, and only an entry point may
+  # parse them; ours take every setting from the config, so the flags keep their defaults.
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
   try:
     return int(module.run(args) or 0)
   except (DataError, ConfigError, UserError) as e:

@@ -39,16 +39,15 @@ def to_global(
 
 
 class DataIterator:
-  """Global batches from a Grain iterator of host batches.
+  """Global batches from a `network_grain.HostBatchIterator` of this process's rows.
 
-  `local_iterator` is the Grain DatasetIterator (for Orbax's
-  `grain.checkpoint.CheckpointHandler`); `get_state`/`set_state` are its JSON state, so a
-  restored iterator continues with exactly the next batch. `close` shuts worker processes down.
+  `get_state`/`set_state` are the data position (see `network_grain`): the same on every
+  process and valid for any worker, thread or process count. Worker processes start at
+  `start_prefetch()` (call it after restoring a position, while the model compiles) or at the
+  first batch; `close` ends them.
   """
 
   def __init__(self, local_iterator, sharding: jax.sharding.Sharding, global_rows: int):
-    # Workers start now, while the caller compiles its model.
-    local_iterator.start_prefetch()
     self.local_iterator = local_iterator
     self._sharding = sharding
     self._global_rows = global_rows
@@ -58,6 +57,9 @@ class DataIterator:
 
   def __next__(self) -> dict[str, jax.Array]:
     return to_global(next(self.local_iterator), self._sharding, self._global_rows)
+
+  def start_prefetch(self) -> None:
+    self.local_iterator.start_prefetch()
 
   def get_state(self) -> dict:
     return self.local_iterator.get_state()
@@ -114,7 +116,7 @@ def _network_grain(config: Config, mesh: Mesh):
   splits = prepare.ensure_prepared(config, progress=jax.process_index() == 0)
   train = BatchBuilder.from_config(config, splits.train, size)
   train_iterator = DataIterator(
-    network_grain.make_iterator(config, train, lo, hi, train.num_steps), sharding, size
+    network_grain.HostBatchIterator(config, train, lo, hi, train.num_steps), sharding, size
   )
   eval_iterator = None
   if splits.eval.num_rows:
@@ -126,11 +128,10 @@ def _network_grain(config: Config, mesh: Mesh):
     else:
       # In-process: a few batches per eval, and every eval restarts the iterator (set_state),
       # which would restart worker processes.
-      eval_iterator = DataIterator(
-        network_grain.make_iterator(config, builder, lo, hi, steps, in_process=True),
-        sharding,
-        size,
+      local = network_grain.HostBatchIterator(
+        config, builder, lo, hi, steps, split="eval", in_process=True
       )
+      eval_iterator = DataIterator(local, sharding, size)
   return train_iterator, eval_iterator
 
 

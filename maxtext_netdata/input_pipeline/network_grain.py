@@ -1,6 +1,6 @@
 """The `network_grain` dataset: the Grain graph that turns a prepared split into host batches.
 
-    MapDataset.range(num_steps)          global step index s
+    MapDataset.range(num_steps)[step:]   global step index s, from the data position on
       .map(BuildBatch)                   host rows of global batch s: the three inputs arrays
       .to_iter_dataset(ReadOptions)      in-process read threads and prefetch
       .mp_prefetch(MultiprocessingOptions)   only when grain_worker_count > 0
@@ -9,26 +9,41 @@
 A Grain element is a whole host batch: Grain's per-element cost (~5-7 us) is then paid once
 per batch, and each batch is built by one vectorized call. The graph holds only small
 parameters and the store's path (workers are spawned and get it cloudpickled); plans and
-store arrays are opened lazily in each process. Because a batch is a pure function of the step
-index, the iterator's Grain state (`get_state`/`set_state`) resumes exactly, and the batches do
-not depend on the worker or thread count. ShiftData runs after the workers: the three targets
-arrays derive from the inputs in ~0.3 ms, cheaper than moving them between processes.
+store arrays are opened lazily in each process. ShiftData runs after the workers: the three
+targets arrays derive from the inputs in ~0.3 ms, cheaper than moving them between processes.
+
+A batch is a pure function of the global step, so `HostBatchIterator`'s state is the data
+position (`POSITION_FORMAT`: the next global step and what identifies the data), not Grain's
+internal state, whose shape depends on the worker count: a position saved with any worker,
+thread or process count resumes under any other, and `set_state` rebuilds the Grain graph at
+that step.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
+import signal
 import sys
 
 import grain
 import numpy as np
 from absl import flags
 
+from maxtext_netdata.errors import UserError
 from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS, BatchBuilder
 from maxtext_netdata.input_pipeline.transforms import ShiftData
 
 # Memory of one worker process besides its batches: Python, numpy, Grain and an epoch plan.
 _WORKER_BASE_MB = 300
+
+POSITION_FORMAT = "netdata-position-1"
+
+# Grain 0.2.18's error when a worker process ends without handing over its result.
+_GRAIN_WORKER_DIED = re.compile(
+  r"Worker process was terminated unexpectedly with exit code (-?\d+)"
+)
 
 
 class BuildBatch(grain.transforms.Map):
@@ -48,8 +63,39 @@ def host_batch_bytes(rows: int, seq_len: int) -> int:
   return len(INPUT_KEYS) * 4 * rows * seq_len
 
 
+def usable_cores() -> int:
+  """Cores this process may use: its CPU affinity, capped by a cgroup CPU quota if one is set.
+
+  `os.cpu_count()` counts the machine's cores, which overstates what a container or a
+  `taskset`-pinned job gets (the auto worker count and bench both need the usable number).
+  """
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  quota = _cgroup_cpu_quota()
+  if quota is not None:
+    cores = min(cores, max(1, math.ceil(quota)))
+  return max(1, cores or 1)
+
+
+def _cgroup_cpu_quota() -> float | None:
+  """CPUs' worth of time the cgroup allows (v2 `cpu.max`, else v1 CFS quota), None if no limit."""
+  try:
+    with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
+      quota, period = f.read().split()[:2]
+    return None if quota == "max" else int(quota) / int(period)
+  except (OSError, ValueError):
+    pass
+  try:
+    with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", encoding="ascii") as f:
+      quota = int(f.read())
+    with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us", encoding="ascii") as f:
+      period = int(f.read())
+  except (OSError, ValueError):
+    return None
+  return None if quota <= 0 or period <= 0 else quota / period
+
+
 def worker_count(config, host_batch_bytes: int) -> int:
-  """`grain_worker_count`, with -1 resolved from the cores and `grain_ram_budget_mb`.
+  """`grain_worker_count`, with -1 resolved from the usable cores and `grain_ram_budget_mb`.
 
   A worker holds `grain_per_worker_buffer_size` finished batches plus
   `grain_prefetch_buffer_size` in its read threads; auto uses every core the budget pays for.
@@ -59,7 +105,7 @@ def worker_count(config, host_batch_bytes: int) -> int:
   buffered = config.grain_per_worker_buffer_size + config.grain_prefetch_buffer_size
   per_worker_mb = _WORKER_BASE_MB + buffered * host_batch_bytes / 2**20
   affordable = int(config.grain_ram_budget_mb // per_worker_mb)
-  return max(1, min(os.cpu_count() or 1, affordable))
+  return max(1, min(usable_cores(), affordable))
 
 
 def make_dataset(builder: BatchBuilder, lo: int, hi: int, num_steps: int | None):
@@ -79,7 +125,8 @@ def make_iterator(
   in_process: bool = False,
 ) -> grain.DatasetIterator:
   """The Grain iterator of host batches from global step `start`, with the worker processes
-  of `grain_worker_count` unless `in_process`."""
+  of `grain_worker_count` unless `in_process` (they start at its first `next` or
+  `start_prefetch`)."""
   dataset = make_dataset(builder, lo, hi, num_steps)
   if start:
     dataset = dataset[start:]
@@ -92,13 +139,130 @@ def make_iterator(
   batch_bytes = host_batch_bytes(hi - lo, builder.seq_len)
   workers = 0 if in_process else worker_count(config, batch_bytes)
   if workers > 0:
-    # Grain's worker start reads absl flags, which only an absl `app.run` entry point parses;
-    # ours take their settings from the config, so the flags keep their defaults.
     if not flags.FLAGS.is_parsed():
-      flags.FLAGS.mark_as_parsed()
+      # Grain reads its absl flags when it starts a worker; only an entry point may parse them.
+      raise UserError(
+        f"grain_worker_count={workers} needs absl flags parsed: run under absl.app.run or call"
+        " absl.flags.FLAGS.mark_as_parsed() first (maxtext-netdata's commands do), or set"
+        " grain_worker_count=0"
+      )
     dataset = dataset.mp_prefetch(
       grain.MultiprocessingOptions(
         num_workers=workers, per_worker_buffer_size=config.grain_per_worker_buffer_size
       )
     )
   return iter(dataset.map(ShiftData()))
+
+
+class WorkerError(UserError):
+  """A Grain worker process ended while training ran: one line naming the exit cause."""
+
+
+class PositionError(UserError):
+  """A saved data position that does not belong to this data or batch geometry."""
+
+
+def _worker_death(error: BaseException) -> str | None:
+  """The cause of a worker's end in Grain's error (`exit code N`), else None."""
+  found = _GRAIN_WORKER_DIED.search(str(error))
+  if found is None:
+    return None
+  code = int(found[1])
+  if code < 0:
+    try:
+      return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+      return f"killed by signal {-code}"
+  return f"exit code {code}"
+
+
+class HostBatchIterator:
+  """This process's host batches from a data position on; its state is that position.
+
+  `get_state()` is `{"format": POSITION_FORMAT, "step": next global step, ...identity}`, the
+  same on every process; `set_state()` checks the identity (a one-line `PositionError` naming
+  what differs) and rebuilds the Grain graph at that step, so workers, threads and processes
+  may differ from the run that saved it. Nothing is read before `start_prefetch()` or the
+  first `next` (Grain 0.2.18 starts worker processes at the first `next`), so a restore throws
+  no prefetched batch away. A worker that
+  dies surfaces as a `WorkerError` (Grain notices a dead worker within a second); `close()`
+  ends the workers and may be called more than once.
+  """
+
+  def __init__(
+    self,
+    config,
+    builder: BatchBuilder,
+    lo: int,
+    hi: int,
+    num_steps: int | None,
+    *,
+    split: str = "train",
+    in_process: bool = False,
+  ):
+    self._args = (config, builder, lo, hi, num_steps)
+    self._in_process = in_process
+    self.step = 0
+    self.identity = {
+      "fingerprint": builder.store.meta.get("fingerprint", builder.store.path),
+      "data_shuffle_seed": builder.seed,
+      "global_batch_size": builder.global_batch_size,
+      "max_target_length": builder.seq_len,
+      "split": split,
+    }
+    self._iterator = None
+
+  def __iter__(self):
+    return self
+
+  def start_prefetch(self) -> None:
+    """Builds the Grain iterator at the current position and starts its read-ahead."""
+    if self._iterator is None:
+      self._iterator = make_iterator(*self._args, start=self.step, in_process=self._in_process)
+    self._iterator.start_prefetch()
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self._iterator is None:
+      self.start_prefetch()
+    try:
+      batch = next(self._iterator)
+    except StopIteration:
+      raise
+    except RuntimeError as e:
+      cause = _worker_death(e)
+      if cause is None:
+        raise
+      self.close()
+      raise WorkerError(
+        f"input pipeline: a Grain worker process ended ({cause}) before global step"
+        f" {self.step} was delivered; training stops"
+      ) from None
+    self.step += 1
+    return batch
+
+  def get_state(self) -> dict:
+    return {"format": POSITION_FORMAT, "step": self.step, **self.identity}
+
+  def set_state(self, state: dict) -> None:
+    if not isinstance(state, dict) or state.get("format") != POSITION_FORMAT:
+      found = state.get("format") if isinstance(state, dict) else type(state).__name__
+      raise PositionError(
+        f"iterator state is not a {POSITION_FORMAT} data position (found {found!r}): it was"
+        " saved by another version of the pipeline"
+      )
+    differs = [
+      f"{key} {state.get(key)!r} saved, {value!r} now"
+      for key, value in self.identity.items()
+      if state.get(key) != value
+    ]
+    if differs:
+      raise PositionError(
+        "the checkpoint's data position belongs to other data: " + "; ".join(differs)
+      )
+    self.close()
+    self.step = int(state["step"])
+
+  def close(self) -> None:
+    if self._iterator is not None:
+      self._iterator.close()
+      self._iterator = None

@@ -1,13 +1,19 @@
-"""Orbax checkpoints of the train state and the data iterator's position.
+"""Orbax checkpoints of the train state and the data position.
 
 A checkpoint `<run_dir>/checkpoints/<n>` is taken after `n` completed steps and holds two
 items: `items` (params, optimizer state and step, written with `StandardSave`) and `iter`
 (one JSON file per process, `process_<i>-of-<n>.json`, the layout of Grain's own
-`grain.checkpoint.CheckpointHandler`, holding that process's `iterator.get_state()`).
-The iterator state is captured when the save is requested, so an asynchronous save cannot
-record a later position. Restoring both gives the batches and the loss an uninterrupted
-run would have had, also on another number of processes (all processes' iterator states are
-the same global step).
+`grain.checkpoint.CheckpointHandler`, holding `iterator.get_state()`: the data position
+`{"format": "netdata-position-1", "step", "fingerprint", "data_shuffle_seed",
+"global_batch_size", "max_target_length", "split"}`, the same on every process). The position
+is captured when the save is requested, so an asynchronous save cannot record a later one.
+Restoring both gives the batches and the loss an uninterrupted run would have had, under any
+worker, thread or process count.
+
+`IteratorStateHandler` rather than Grain's handler: Grain's restores only the file of this
+process index and count, so a checkpoint of 2 processes could not resume in 1 (or 1 in 2).
+Ours writes the same files and, when this process's file is absent, takes the saved position
+all processes agree on.
 """
 
 from __future__ import annotations
@@ -37,9 +43,9 @@ class IteratorStateHandler(ocp.CheckpointHandler):
     path = _state_file(directory)
     if path.exists():
       return json.loads(path.read_text())
-    # Saved by another number of processes. Every process's iterator stands at the same
-    # global step (a host batch is a function of the step index and the host's rows), so the
-    # saved states agree and any of them continues the same global batches here.
+    # Saved by another number of processes. Every process saved the same data position (a
+    # host batch is a function of the global step and the host's rows), so any of them
+    # continues the same global batches here.
     states = {
       json.dumps(json.loads(saved.read_text()), sort_keys=True)
       for saved in directory.glob("process_*-of-*.json")

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -191,6 +193,31 @@ def _summary(config: Config, logger: MetricLogger, trainer_params: int) -> dict[
   return summary
 
 
+class _StopRequest:
+  """SIGTERM (how Slurm, Kubernetes and preemptible VMs stop a job) as a request to stop.
+
+  While installed, SIGTERM no longer kills the process: the loop saves a checkpoint at the
+  next step boundary and returns, closing the Grain workers on the way out. Only the main
+  thread can own a signal handler; elsewhere SIGTERM keeps its previous disposition.
+  """
+
+  def __init__(self):
+    self.requested: str | None = None
+    self._previous = None
+
+  def install(self) -> None:
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame) -> None:
+    self.requested = signal.Signals(signum).name
+
+  def uninstall(self) -> None:
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+      self._previous = None
+
+
 def train(
   config: Config,
   data_iterators: tuple[Iterator, Iterator | None] | None = None,
@@ -202,19 +229,24 @@ def train(
   `get_state()`/`set_state()`. The summary (which process 0 also writes to
   `<run_dir>/summary.json`) holds steps, mean_step_time_s (first steps excluded),
   data_wait_share, real_tokens_per_s, first/final loss, the last eval_* values,
-  logger_write_s_per_step and the output paths.
+  logger_write_s_per_step, the output paths and `stopped_by` ("SIGTERM" when a SIGTERM
+  stopped the run early, after saving a checkpoint at the next step boundary; else None).
   """
   multihost.initialize_distributed(config)
   mesh = make_mesh(config)
   global_batch = check_config(config, mesh)
-  if data_iterators is None:
-    from maxtext_netdata.input_pipeline import create_data_iterator
-
-    data_iterators = create_data_iterator(config, mesh)
-  train_iter, eval_iter = data_iterators
-  manager = checkpointing.create_manager(config)
-  logger = None
+  train_iter = eval_iter = manager = logger = None
+  stop = _StopRequest()
   try:
+    stop.install()
+    # No worker process runs yet: the iterators start them at start_prefetch / first batch,
+    # so a manager that fails, or a restore, happens before any worker or prefetched batch.
+    if data_iterators is None:
+      from maxtext_netdata.input_pipeline import create_data_iterator
+
+      data_iterators = create_data_iterator(config, mesh)
+    train_iter, eval_iter = data_iterators
+    manager = checkpointing.create_manager(config)
     trainer = Trainer(config, mesh)
     print(
       f"train: {model.num_params(config) / 1e6:.1f}M parameters, {mesh.size} devices,"
@@ -230,6 +262,8 @@ def train(
       print(f"train: resumed from {checkpointing.checkpoint_dir(config)}/{start_step}")
     else:
       state = trainer.init_state(jax.random.key(0))
+    if hasattr(train_iter, "start_prefetch"):
+      train_iter.start_prefetch()  # workers fill their buffers while the step compiles
     if start_step >= config.steps:
       print(f"train: {config.run_dir} already holds all {config.steps} steps; nothing to do")
     if config.eval_interval > 0 and eval_iter is None:
@@ -256,7 +290,7 @@ def train(
       eval_due = config.eval_interval > 0 and (
         completed % config.eval_interval == 0 or completed == config.steps
       )
-      if eval_due and eval_iter is not None:
+      if eval_due and eval_iter is not None and not stop.requested:
         eval_iter.set_state(eval_start)  # every eval sees the same batches
         logger.record_eval(
           evaluation.evaluate(
@@ -266,10 +300,19 @@ def train(
         )
         last = time.perf_counter()  # eval time is no step time
       last_step = completed == config.steps
-      if manager is not None and (completed % config.checkpoint_period == 0 or last_step):
+      due = completed % config.checkpoint_period == 0 or last_step or stop.requested
+      if manager is not None and due:
         checkpointing.save(manager, completed, state, train_iter.get_state())
+      if stop.requested and not last_step:
+        print(
+          f"train: {stop.requested} received; stopped after step {completed}"
+          + (f", checkpoint {checkpointing.checkpoint_dir(config)}/{completed}" if manager else ""),
+          flush=True,
+        )
+        break
     logger.flush()
   finally:
+    stop.uninstall()
     if logger is not None:
       logger.close()
     if manager is not None:
@@ -278,6 +321,7 @@ def train(
       if iterator is not None and hasattr(iterator, "close"):
         iterator.close()
   summary = _summary(config, logger, model.num_params(config))
+  summary["stopped_by"] = stop.requested
   if jax.process_index() == 0:  # one writer per shared run directory, as for the metrics
     (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
   return summary
@@ -291,7 +335,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
   summary = train(load(args.config, args.overrides))
   print("train summary: " + json.dumps(summary, indent=2))
-  return 0
+  return 128 + signal.SIGTERM if summary["stopped_by"] else 0
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 
-import grain
 import jax
 import numpy as np
 import pipeline_helpers
@@ -18,8 +17,9 @@ from maxtext_netdata.config import ConfigError
 from maxtext_netdata.data import prepare
 from maxtext_netdata.distributed import mesh as mesh_lib
 from maxtext_netdata.format import tokenizer
-from maxtext_netdata.input_pipeline import create_data_iterator, network_grain
-from maxtext_netdata.input_pipeline.sequences import KEYS, BatchBuilder
+from maxtext_netdata.input_pipeline import create_data_iterator
+from maxtext_netdata.input_pipeline.batches_cli import digest
+from maxtext_netdata.input_pipeline.sequences import KEYS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,27 +35,45 @@ def test_network_grain_yields_global_arrays_of_the_host_batches(overrides):
   mesh = mesh_lib.make_mesh(config)
   train, evaluation = create_data_iterator(config, mesh)
   try:
-    assert isinstance(train.local_iterator, grain.DatasetIterator)
-    batch = next(train)
-    assert sorted(batch) == sorted(KEYS)
-    for value in batch.values():
+    batches = [next(train) for _ in range(3)]
+    for value in batches[0].values():
       assert isinstance(value, jax.Array)
       assert value.shape == (4, 128) and value.dtype == np.int32
       assert value.sharding.is_equivalent_to(mesh_lib.batch_sharding(config, mesh), 2)
+    assert sorted(batches[0]) == sorted(KEYS)
     state = train.get_state()
-    second = {k: np.asarray(v) for k, v in next(train).items()}
-    train.set_state(state)
-    again = next(train)
-    assert all((np.asarray(again[k]) == second[k]).all() for k in KEYS)
-    # The same rows as the Grain graph alone.
-    splits = prepare.ensure_prepared(config, progress=False)
-    builder = BatchBuilder.from_config(config, splits.train, 4)
-    host = network_grain.make_iterator(config, builder, 0, 4, builder.num_steps)
-    assert all((np.asarray(batch[k]) == v).all() for k, v in next(host).items())
-    host.close()
+    assert state["step"] == 3 and state["global_batch_size"] == 4
   finally:
     train.close()
     evaluation.close()
+  # The same batches from another process with 2 worker processes, through the `batches`
+  # command, and after a restore of the position in a fresh iterator.
+  in_workers = [o for o in overrides if not o.startswith("grain_worker_count=")]
+  expected = _cli_digests([*in_workers, "grain_worker_count=2"], steps=5)
+  got = [digest({k: np.asarray(v) for k, v in batch.items()}) for batch in batches]
+  assert got == expected[:3] and len(set(expected)) == 5
+  restored, evaluation = create_data_iterator(config, mesh)
+  restored.set_state(state)
+  try:
+    rest = [digest({k: np.asarray(v) for k, v in next(restored).items()}) for _ in range(2)]
+  finally:
+    restored.close()
+    evaluation.close()
+  assert rest == expected[3:]
+
+
+def _cli_digests(overrides, steps: int) -> list[str]:
+  result = subprocess.run(
+    [sys.executable, "-m", "maxtext_netdata", "batches", "configs/base.yml", *overrides]
+    + ["--steps", str(steps)],
+    cwd=REPO,
+    env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO),
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  return [line.split()[2] for line in result.stdout.splitlines() if line.startswith("step ")]
 
 
 def test_eval_is_one_pass_over_held_out_probes(overrides):

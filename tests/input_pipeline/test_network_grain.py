@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pipeline_helpers
+import psutil
 import pytest
+from absl import flags
 
 from maxtext_netdata import config as config_lib
 from maxtext_netdata.format import tokens as tk
@@ -12,6 +20,13 @@ from maxtext_netdata.input_pipeline.batches_cli import digest
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 
 BATCH = 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def absl_flags_parsed():
+  """This module is an entry point: Grain's worker start reads absl flags."""
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +80,19 @@ def test_forever_has_no_end(store):
   iterator.close()
 
 
+def positioned(config, builder, **kwargs):
+  return network_grain.HostBatchIterator(config, builder, 0, BATCH, builder.num_steps, **kwargs)
+
+
 def test_in_process_resume_from_the_middle(store):
   config, builder = make(store, "grain_worker_count=0", "grain_num_threads=2")
-  iterator = network_grain.make_iterator(config, builder, 0, BATCH, builder.num_steps)
+  iterator = positioned(config, builder)
   first = digests(iterator, 3)
   state = iterator.get_state()
   rest = digests(iterator, 4)
   iterator.close()
-  restored = network_grain.make_iterator(config, builder, 0, BATCH, builder.num_steps)
+  assert state["format"] == network_grain.POSITION_FORMAT and state["step"] == 3
+  restored = positioned(config, builder)
   restored.set_state(state)
   assert digests(restored, 4) == rest
   restored.close()
@@ -82,28 +102,107 @@ def test_in_process_resume_from_the_middle(store):
   assert len(set(first + rest)) == 7
 
 
+def _children() -> set[int]:
+  """Child processes besides multiprocessing's resource tracker (it lives as long as we do)."""
+  return {
+    p.pid
+    for p in psutil.Process().children(recursive=True)
+    if "resource_tracker" not in " ".join(p.cmdline())
+  }
+
+
 @pytest.mark.slow
-def test_same_batches_for_any_worker_count_and_after_restore(store):
-  """Workers 0, 1 and 2 give identical batches; a worker iterator resumes from its state."""
-  results = {}
-  for workers in (0, 1, 2):
-    config, builder = make(store, f"grain_worker_count={workers}")
-    iterator = network_grain.make_iterator(config, builder, 0, BATCH, builder.num_steps)
-    head = digests(iterator, 3)
-    state = iterator.get_state()
-    tail = digests(iterator, 3)
+def test_position_resumes_under_any_worker_count(store):
+  """Saved with 0 or 2 workers, resumed with 0, 1 or 2: the batches of an uninterrupted run."""
+  config, builder = make(store, "grain_worker_count=0")
+  whole = digests(positioned(config, builder), 6)
+  before = _children()
+  for saved_with in (0, 2):
+    config, builder = make(store, f"grain_worker_count={saved_with}")
+    saving = positioned(config, builder)
+    assert digests(saving, 3) == whole[:3]
+    state = saving.get_state()
+    saving.close()
+    for resumed_with in (0, 1, 2):
+      config, builder = make(store, f"grain_worker_count={resumed_with}", "grain_num_threads=3")
+      resumed = positioned(config, builder)
+      resumed.set_state(state)
+      assert digests(resumed, 3) == whole[3:], (saved_with, resumed_with)
+      resumed.close()
+  assert _children() <= before
+
+
+def test_workers_start_only_after_the_position_is_set(store):
+  config, builder = make(store, "grain_worker_count=1")
+  before = _children()
+  iterator = positioned(config, builder)
+  iterator.set_state({**iterator.get_state(), "step": 2})
+  iterator.start_prefetch()  # Grain 0.2.18 starts worker processes at the first batch
+  assert _children() == before
+  next(iterator)
+  try:
+    assert len(_children() - before) >= 1
+  finally:
     iterator.close()
-    results[workers] = head + tail
-    if workers == 2:
-      restored = network_grain.make_iterator(config, builder, 0, BATCH, builder.num_steps)
-      restored.set_state(state)
-      assert digests(restored, 3) == tail
-      restored.close()
-  assert results[0] == results[1] == results[2]
+  iterator.close()  # closing twice is harmless
+  psutil.wait_procs([psutil.Process(p) for p in _children() - before], timeout=30)
+  assert _children() <= before
+
+
+def test_position_of_other_data_is_a_one_line_error(store):
+  config, builder = make(store, "grain_worker_count=0")
+  state = positioned(config, builder).get_state()
+  other_config, other_builder = make(store, "grain_worker_count=0", "data_shuffle_seed=9")
+  with pytest.raises(network_grain.PositionError, match=r"^[^\n]*data_shuffle_seed 0 saved, 9 now"):
+    positioned(other_config, other_builder).set_state(state)
+  with pytest.raises(network_grain.PositionError, match="split 'train' saved, 'eval' now"):
+    positioned(config, builder, split="eval").set_state(state)
+  with pytest.raises(network_grain.PositionError, match="not a netdata-position-1"):
+    positioned(config, builder).set_state({"next_index": 3})
+
+
+@pytest.mark.slow
+def test_killed_worker_stops_the_iterator_with_a_clear_error(store):
+  config, builder = make(store, "grain_worker_count=2", num_epoch=-1)
+  iterator = network_grain.HostBatchIterator(config, builder, 0, BATCH, None)
+  before = _children()
+  next(iterator)
+  workers = _children() - before
+  os.kill(min(workers), signal.SIGKILL)
+  start = time.monotonic()
+  with pytest.raises(
+    network_grain.WorkerError, match=r"worker process ended \(killed by SIGKILL\)"
+  ):
+    for _ in range(100_000):
+      next(iterator)
+  assert time.monotonic() - start < 60
+  iterator.close()
+  psutil.wait_procs([psutil.Process(p) for p in _children() - before], timeout=30)
+  assert not workers & _children()
+
+
+def test_workers_need_parsed_absl_flags_outside_our_entry_points(store):
+  script = f"""
+from maxtext_netdata import config as config_lib
+from maxtext_netdata.data.store import PreparedStore
+from maxtext_netdata.errors import UserError
+from maxtext_netdata.input_pipeline import network_grain
+from maxtext_netdata.input_pipeline.sequences import BatchBuilder
+config = config_lib.load(None, ["grain_worker_count=1", "max_target_length=256"])
+builder = BatchBuilder.from_config(config, PreparedStore({store.path!r}), {BATCH})
+try:
+  network_grain.make_iterator(config, builder, 0, {BATCH}, None)
+except UserError as e:
+  print(e)
+"""
+  out = subprocess.run(
+    [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+  ).stdout
+  assert "grain_worker_count=1 needs absl flags parsed" in out
 
 
 def test_auto_worker_count_respects_cores_and_memory(store, monkeypatch):
-  monkeypatch.setattr(network_grain.os, "cpu_count", lambda: 8)
+  monkeypatch.setattr(network_grain, "usable_cores", lambda: 8)
   config, _ = make(store, "grain_worker_count=-1", "grain_ram_budget_mb=100000")
   assert network_grain.worker_count(config, host_batch_bytes=2**20) == 8
   config, _ = make(store, "grain_worker_count=-1", "grain_ram_budget_mb=700")
@@ -112,3 +211,16 @@ def test_auto_worker_count_respects_cores_and_memory(store, monkeypatch):
   assert network_grain.worker_count(config, host_batch_bytes=2**20) == 1
   config, _ = make(store, "grain_worker_count=3")
   assert network_grain.worker_count(config, host_batch_bytes=2**20) == 3
+
+
+def test_usable_cores_follow_the_cpu_affinity():
+  script = "from maxtext_netdata.input_pipeline import network_grain as g; print(g.usable_cores())"
+  pinned = subprocess.run(
+    ["taskset", "-c", "0", sys.executable, "-c", script],
+    capture_output=True,
+    text=True,
+    timeout=60,
+    check=True,
+  )
+  assert pinned.stdout.strip() == "1"
+  assert network_grain.usable_cores() == len(os.sched_getaffinity(0))
