@@ -24,6 +24,7 @@ INSTALL_REQUIRES = [
   "tensorboardX>=2.6,<3",
   "matplotlib>=3.9,<4",
   "psutil>=5.9,<8",
+  "tqdm>=4.66,<5",
 ]
 
 EXTRAS_REQUIRE = {

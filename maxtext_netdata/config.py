@@ -197,6 +197,9 @@ class ConfigModel(BaseModel):
   network_skip_bad_rows: bool = Field(
     False, description="true: drop unparsable rows and count them in the prepare summary"
   )
+  network_prepare_memory_mb: int = Field(
+    1024, ge=256, description="memory prepare may use, whatever the row count (sets its buckets)"
+  )
   network_remote_retries: int = Field(
     5, description="attempts for a transient remote-storage error"
   )

@@ -1,38 +1,46 @@
 """`prepare`: raw parquet → the prepared store (cached by a fingerprint of inputs and config).
 
-    maxtext-netdata prepare CONFIG [key=value ...] [--force]
+    maxtext-netdata prepare CONFIG [key=value ...] [--force] [--runner beam [-- BEAM OPTIONS]]
 
 Reads `grain_train_files` (and `grain_eval_files` if set) through `data.remote`, validates
-every row (`data.schema`), groups rows by probe (source address, version), sorts each probe
-by time and writes `<prepared_dir>/<fingerprint>/{train,test[,eval]}/` (see `data.store`).
+every row (`data.schema`), partitions the rows by probe hash into buckets spilled to local
+files, sorts one bucket at a time into a piece and assembles the pieces into
+`<prepared_dir>/<fingerprint>/{train,test[,eval]}/` (`data.shards`, `data.assemble`,
+`data.store`). Memory is bounded by `network_prepare_memory_mb`, whatever the row count.
 
 The fingerprint covers each input file's URI, size and modification time, the store format
 and the config keys that change the store's content; a complete store with the same
-fingerprint is opened instead of rebuilt. A store is built in a temporary directory and
-renamed into place once complete, with the summary (`meta.json`) written last: an
-interrupted prepare leaves nothing that passes for a store.
+fingerprint is opened instead of rebuilt. One process builds a store at a time (a lock file
+beside it; the others wait, then open it). A store is built in a temporary directory and
+renamed into place once complete, with the summary (`meta.json`) written last: a prepare
+killed at any point leaves nothing that passes for a store, and the next one removes its
+remains.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import glob
 import hashlib
 import json
 import os
 import resource
 import shutil
+import signal
 import sys
 import time
 import uuid
 
-import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
+import tqdm
 
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.config import load as load_config
-from maxtext_netdata.data import remote, schema, store
+from maxtext_netdata.data import assemble, remote, schema, shards, store
 from maxtext_netdata.errors import DataError
 
 
@@ -49,6 +57,9 @@ class PreparedSplits:
 # Config keys whose value changes the store's content.
 _CONTENT_KEYS = ("network_split", "network_test_fraction", "network_skip_bad_rows")
 _BATCH_ROWS = 1 << 18  # rows validated at a time: bounds memory whatever the row-group size
+# Set to a stage name ("reading", "partitioned", "sorted", "assembled"), a prepare stops
+# itself there with SIGSTOP: the crash tests kill it at a known point.
+PAUSE_ENV = "MAXTEXT_NETDATA_PREPARE_PAUSE_AT"
 
 
 def _hashed(config) -> bool:
@@ -89,25 +100,60 @@ def prepare(config, *, progress: bool = True, force: bool = False) -> PreparedSp
     if cached is not None:
       return cached
   os.makedirs(config.prepared_dir, exist_ok=True)
-  tmp = os.path.join(config.prepared_dir, f".tmp-{fp}-{uuid.uuid4().hex[:8]}")
-  try:
-    summary = _build(config, options, train_files, eval_files, tmp, fp, progress)
-    summary["path"] = root
-    store.write_json(os.path.join(tmp, store.META_FILE), summary)
-    if os.path.isdir(root) and (force or _open_complete(root) is None):
-      shutil.rmtree(root)  # forced rebuild, or the remains of an interrupted one
+  with _builder_lock(config.prepared_dir, fp, progress):
+    if not force:
+      cached = _open_complete(root)  # built by the process this one waited for
+      if cached is not None:
+        return cached
+    for stale in glob.glob(os.path.join(glob.escape(config.prepared_dir), f".tmp-{fp}-*")):
+      shutil.rmtree(stale, ignore_errors=True)  # a killed build's: the lock says none runs
+    tmp = os.path.join(config.prepared_dir, f".tmp-{fp}-{uuid.uuid4().hex[:8]}")
     try:
+      summary = _build(config, options, train_files, eval_files, tmp, fp, progress)
+      summary["path"] = root
+      store.write_json(os.path.join(tmp, store.META_FILE), summary)
+      if os.path.isdir(root):
+        shutil.rmtree(root)  # forced rebuild, or the remains of an interrupted one
       os.rename(tmp, root)
-    except OSError:
-      # Another process finished the same store first: its content is identical.
-      if _open_complete(root) is None:
-        raise
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
   splits = _open_complete(root)
   splits.cached = False
   splits.summary["cached"] = False
   return splits
+
+
+@contextlib.contextmanager
+def _builder_lock(prepared_dir: str, fp: str, progress: bool):
+  """Hold `<prepared_dir>/.lock-<fp>` while building: one builder per store.
+
+  `flock` is released by the kernel when the holder dies, even by SIGKILL. The holder removes
+  the file when done, so a waiter that wakes holding a removed file tries again. On a shared
+  mount it works where the filesystem supports `flock` (NFSv4, Lustre; not GCS FUSE).
+  """
+  path = os.path.join(prepared_dir, f".lock-{fp}")
+  told = False
+  while True:
+    f = open(path, "a")  # noqa: SIM115 (closed below or after the build)
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      if progress and not told:
+        print(f"prepare: another process is building store {fp}; waiting", file=sys.stderr)
+        told = True
+      fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      current = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+      current = False
+    if current:
+      break
+    f.close()
+  try:
+    yield
+  finally:
+    os.remove(path)
+    f.close()
 
 
 def _open_complete(root: str) -> PreparedSplits | None:
@@ -128,27 +174,6 @@ def _open_complete(root: str) -> PreparedSplits | None:
     summary=summary,
     cached=True,
   )
-
-
-def _stable_fraction(probe_version: np.ndarray, probe_src: np.ndarray) -> np.ndarray:
-  """A number in [0, 1) per probe from a hash of its address: the same on every machine."""
-  out = np.empty(len(probe_version), dtype=np.float64)
-  for i in range(len(out)):
-    key = bytes([int(probe_version[i])]) + probe_src[i].tobytes()
-    out[i] = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2.0**64
-  return out
-
-
-def _test_rows(config, rows: store.ProbeRows) -> np.ndarray:
-  """bool [N] over `rows` (sorted): the rows held out as the test split."""
-  fraction = config.network_test_fraction
-  if fraction <= 0 or rows.num_rows == 0:
-    return np.zeros(rows.num_rows, dtype=bool)
-  if config.network_split == "time":
-    cutoff = np.quantile(rows.seconds, 1.0 - fraction, method="higher")
-    return rows.seconds >= cutoff
-  test_probe = _stable_fraction(rows.probe_version, rows.probe_src) < fraction
-  return np.repeat(test_probe, np.diff(rows.probe_offsets))
 
 
 @dataclasses.dataclass
@@ -233,69 +258,133 @@ def _coalesced(tables):
     yield pa.concat_tables(pending).combine_chunks(), first
 
 
-def _read(files, options, *, label: str, hashed: bool, skip_bad: bool, progress) -> tuple:
-  """All valid rows of `files` grouped by probe: (store.ProbeRows, _ReadReport)."""
+def check_files(files, options) -> list:
+  """The parquet footer of each file, every schema checked before any long work starts."""
   metadata = []
-  for entry in files:  # every schema is checked before any long work starts
+  for entry in files:
     parquet = _open_parquet(entry, options)
     schema.check_schema(parquet.schema_arrow, entry.uri)
     metadata.append(parquet.metadata)
-  builder = store.ProbeRowsBuilder(sum(m.num_rows for m in metadata), hashed=hashed)
+  return metadata
+
+
+def read_partitioned(entry, metadata, options, *, buckets, hashed, skip_bad, report, on_rows=None):
+  """(bucket, shards.Chunk) of every valid row of one file; counts rows in `report`."""
+  for table, first_row in _coalesced(_tables(entry, metadata, options)):
+    columns, skipped = schema.validate_table(
+      table, source=entry.uri, row_offset=first_row, skip_bad=skip_bad
+    )
+    report.rows_read += table.num_rows
+    report.skipped.merge(skipped)
+    if len(columns):
+      yield from shards.partition(columns, buckets, hashed)
+    if on_rows is not None:
+      on_rows(table.num_rows)
+
+
+def _pause_point(stage: str) -> None:
+  """Stop this process at `stage` when the environment asks (the crash tests kill it there)."""
+  if os.environ.get(PAUSE_ENV) == stage:
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _build_group(config, options, files, *, work, name, split, meta, progress) -> tuple:
+  """Prepare one set of files into split folder(s) under `work`: (counts, report, probes)."""
+  metadata = check_files(files, options)
+  total = sum(m.num_rows for m in metadata)
+  buckets = shards.num_buckets(total, config.network_prepare_memory_mb)
+  spill = shards.SpillWriter(os.path.join(work, f".spill-{name}"), buckets)
   report = _ReadReport()
-  for done, (entry, file_metadata) in enumerate(zip(files, metadata, strict=True)):
-    for table, first_row in _coalesced(_tables(entry, file_metadata, options)):
-      columns, skipped = schema.validate_table(
-        table, source=entry.uri, row_offset=first_row, skip_bad=skip_bad
-      )
-      builder.add(columns)
-      report.rows_read += table.num_rows
-      report.skipped.merge(skipped)
-      progress(done, len(files), report.rows_read)
-    progress(done + 1, len(files), report.rows_read)
-  if builder.size == 0:
+  hashed, skip_bad = _hashed(config), config.network_skip_bad_rows
+  with tqdm.tqdm(
+    total=total, desc=f"prepare {name}: read", unit="row", unit_scale=True, disable=not progress
+  ) as bar:
+    try:
+      for entry, file_metadata in zip(files, metadata, strict=True):
+        parts = read_partitioned(
+          entry,
+          file_metadata,
+          options,
+          buckets=buckets,
+          hashed=hashed,
+          skip_bad=skip_bad,
+          report=report,
+          on_rows=bar.update,
+        )
+        for bucket, chunk in parts:
+          spill.add(bucket, chunk)
+        _pause_point("reading")
+    finally:
+      spill.close()
+  label = config.grain_train_files if name == "train" else config.grain_eval_files
+  if sum(spill.rows) == 0:
     raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
-  progress.stage(f"grouping {builder.size:,} rows by probe and sorting")
-  return builder.finish(), report
+  _pause_point("partitioned")
+  pieces, probes = [], 0
+  for bucket in tqdm.tqdm(
+    range(buckets), desc=f"prepare {name}: sort", unit="bucket", disable=not progress
+  ):
+    chunks = spill.read(bucket)
+    if chunks:
+      path = os.path.join(work, f".pieces-{name}", f"{bucket:05d}")
+      probes += shards.write_piece(shards.sort_bucket(chunks), path, {})["probes"]
+      pieces.append(path)
+  _pause_point("sorted")
+  counts = assemble.assemble(
+    pieces, work, split, config.network_test_fraction, {**meta, "split_of": name}
+  )
+  shutil.rmtree(os.path.join(work, f".spill-{name}"), ignore_errors=True)
+  shutil.rmtree(os.path.join(work, f".pieces-{name}"), ignore_errors=True)
+  return counts, report, probes
 
 
 def _build(config, options, train_files, eval_files, tmp: str, fp: str, progress: bool) -> dict:
   start, cpu_start = time.perf_counter(), _cpu_seconds()
   rss_start = psutil.Process().memory_info().rss
-  read_options = {
-    "hashed": _hashed(config),
-    "skip_bad": config.network_skip_bad_rows,
-    "progress": _Progress(progress),
-  }
   meta = {"fingerprint": fp, "source_files": [f.uri for f in train_files]}
-
-  rows, report = _read(train_files, options, label=config.grain_train_files, **read_options)
-  test = _test_rows(config, rows)
-  read_options["progress"].stage("writing the train and test splits")
-  counts = {
-    "train": rows.write(os.path.join(tmp, "train"), {**meta, "split": "train"}, ~test),
-    "test": rows.write(os.path.join(tmp, "test"), {**meta, "split": "test"}, test),
-  }
-  total, probes = rows.num_rows, rows.num_probes
-  del rows, test
+  counts, report, probes = _build_group(
+    config,
+    options,
+    train_files,
+    work=tmp,
+    name="train",
+    split=config.network_split,
+    meta=meta,
+    progress=progress,
+  )
   if eval_files:
-    eval_rows, eval_report = _read(
-      eval_files, options, label=config.grain_eval_files, **read_options
+    eval_meta = {"fingerprint": fp, "source_files": [f.uri for f in eval_files]}
+    eval_counts, eval_report, _ = _build_group(
+      config,
+      options,
+      eval_files,
+      work=tmp,
+      name="eval",
+      split="all",
+      meta=eval_meta,
+      progress=progress,
     )
-    eval_meta = {"fingerprint": fp, "source_files": [f.uri for f in eval_files], "split": "eval"}
-    counts["eval"] = eval_rows.write(os.path.join(tmp, "eval"), eval_meta)
+    counts.update(eval_counts)
     report.rows_read += eval_report.rows_read
     report.skipped.merge(eval_report.skipped)
-    del eval_rows
-  read_options["progress"].close()
+  _pause_point("assembled")
+  return _summary(
+    config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start
+  )
 
+
+def _summary(
+  config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start
+) -> dict:
   seconds = time.perf_counter() - start
   cpu = max(_cpu_seconds() - cpu_start, 1e-9)
   peak = _peak_rss_bytes()
+  total = counts["train"]["rows"] + counts["test"]["rows"]
   failed = counts["train"]["failed"] + counts["test"]["failed"]
   return {
     "format_version": store.FORMAT_VERSION,
     "fingerprint": fp,
-    "train_files": meta["source_files"],
+    "train_files": [f.uri for f in train_files],
     "eval_files": [f.uri for f in eval_files],
     "network_split": config.network_split,
     "network_test_fraction": config.network_test_fraction,
@@ -321,43 +410,6 @@ def _cpu_seconds() -> float:
 
 def _peak_rss_bytes() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
-class _Progress:
-  """One self-overwriting stderr line: files and rows read, rows/s."""
-
-  def __init__(self, enabled: bool):
-    self.enabled = enabled
-    self.start = time.perf_counter()
-    self.last = 0.0
-    self.shown = False
-    self.width = 0  # of the longest line so far, so that a shorter one covers it
-
-  def __call__(self, files_done: int, files_total: int, rows: int) -> None:
-    now = time.perf_counter()
-    if not self.enabled or (now - self.last < 0.25 and files_done < files_total):
-      return
-    self.last = now
-    rate = rows / max(now - self.start, 1e-9)
-    line = f"prepare: files {files_done}/{files_total}  rows {rows:,}  {rate / 1e6:.2f}M rows/s"
-    self.width = max(self.width, len(line))
-    sys.stderr.write("\r" + line.ljust(self.width))
-    sys.stderr.flush()
-    self.shown = True
-
-  def stage(self, text: str) -> None:
-    """Show a step that has no row count (sorting, writing) after the last count."""
-    if self.enabled:
-      line = f"prepare: {text} ..."
-      self.width = max(self.width, len(line))
-      sys.stderr.write("\r" + line.ljust(self.width))
-      sys.stderr.flush()
-      self.shown = True
-
-  def close(self) -> None:
-    if self.shown:
-      sys.stderr.write("\r" + "prepare: done".ljust(self.width) + "\n")
-      sys.stderr.flush()
 
 
 def format_summary(summary: dict) -> str:

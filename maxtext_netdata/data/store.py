@@ -13,8 +13,9 @@ Layout of a split directory (written by `data.prepare`):
     rtt_ms.npy           float32 [N]   negative = failed
     hashed_order.npy     uint8 [N, 2]  only with network_field_order=hashed
 
-Probes are ordered by (version, source address bytes); rows within a probe by time, ties by
-destination, RTT and hashed order, so the content depends only on the input rows.
+Probes are ordered by (hash, version, source address bytes), the hash being the one that
+decides the probe split (`data.shards`); rows within a probe by time, ties by destination,
+RTT and hashed order, so the content depends only on the input rows.
 """
 
 from __future__ import annotations
@@ -24,14 +25,10 @@ import json
 import os
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from maxtext_netdata.data import schema
 from maxtext_netdata.errors import DataError
-from maxtext_netdata.format import tokenizer
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 # name → (dtype, trailing shape); the leading dimension is probes+1, probes or rows.
 PROBE_ARRAYS = {
@@ -131,6 +128,7 @@ class ProbeRows:
   failed: np.ndarray  # bool [N]
   rtt_ms: np.ndarray  # float32 [N]
   hashed_order: np.ndarray | None  # uint8 [N, 2]
+  probe_hash: np.ndarray | None = None  # uint64 [P], a sorted bucket's (data.shards)
 
   @property
   def num_rows(self) -> int:
@@ -209,139 +207,3 @@ def write_json(path: str, data: dict) -> None:
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
-
-
-class ProbeRowsBuilder:
-  """Collects validated rows chunk by chunk into preallocated columns, then groups and sorts.
-
-  `capacity` bounds the rows (the input files' row count); memory is about 35 bytes per
-  row plus the sort's 16, whatever the chunking.
-  """
-
-  def __init__(self, capacity: int, *, hashed: bool):
-    self.size = 0
-    self.probe = np.empty(capacity, dtype=np.int32)
-    self.dst = np.empty((capacity, 16), dtype=np.uint8)
-    self.seconds = np.empty(capacity, dtype=np.int64)
-    self.rtt_bytes = np.empty((capacity, 2), dtype=np.uint8)
-    self.failed = np.empty(capacity, dtype=np.bool_)
-    self.rtt_ms = np.empty(capacity, dtype=np.float32)
-    self.hashed_order = np.empty((capacity, 2), dtype=np.uint8) if hashed else None
-    self._probe_keys = pa.array([], pa.binary(17))  # (version, address) of each probe id
-
-  def add(self, columns: schema.RawColumns) -> None:
-    """Append one chunk of validated rows."""
-    n = len(columns)
-    lo, hi = self.size, self.size + n
-    if hi > len(self.seconds):
-      raise ValueError(f"more rows than the capacity {len(self.seconds)}")
-    self.probe[lo:hi] = self._probe_of(columns.version, columns.src)
-    self.dst[lo:hi] = columns.dst
-    self.seconds[lo:hi] = columns.seconds
-    self.rtt_bytes[lo:hi], self.failed[lo:hi] = tokenizer.rtt_bytes(columns.rtt)
-    self.rtt_ms[lo:hi] = columns.rtt
-    if self.hashed_order is not None:
-      self.hashed_order[lo:hi] = tokenizer.hashed_order_pairs(
-        columns.src_text, columns.dst_text, columns.seconds
-      )
-    self.size = hi
-
-  def _probe_of(self, version: np.ndarray, src: np.ndarray) -> np.ndarray:
-    """Probe ids (in order of first sight) of rows: (version, source address) → int."""
-    n = len(version)
-    keys = np.empty((n, 17), dtype=np.uint8)
-    keys[:, 0] = version
-    keys[:, 1:] = src
-    # Arrow's hash lookup of 17-byte values: one pass in C++, no sort, no Python per row.
-    rows = pa.Array.from_buffers(pa.binary(17), n, [None, pa.py_buffer(keys)])
-    found = pc.index_in(rows, value_set=self._probe_keys)
-    if found.null_count:
-      new = pc.unique(rows.filter(found.is_null()))
-      self._probe_keys = pa.concat_arrays([self._probe_keys, new])
-      found = pc.index_in(rows, value_set=self._probe_keys)
-    return found.to_numpy(zero_copy_only=False).astype(np.int32)
-
-  def finish(self) -> ProbeRows:
-    """The rows grouped by probe (ordered by version, address), time-sorted within a probe.
-
-    Call once: each column is released as soon as its sorted copy exists.
-    """
-    n = self.size
-    known = self._probe_keys
-    keys = np.frombuffer(known.buffers()[1], dtype=np.uint8)
-    keys = keys[known.offset * 17 : (known.offset + len(known)) * 17].reshape(-1, 17)
-    probe_order = np.lexsort(keys.T[::-1])  # bytewise: version, then address
-    rank = np.empty(len(probe_order), dtype=np.int32)
-    rank[probe_order] = np.arange(len(probe_order), dtype=np.int32)
-    probe = rank[self.probe[:n]]
-    self.probe = None
-    perm = self._row_order(probe, self.seconds[:n])
-    sizes = np.bincount(probe, minlength=len(keys))
-    del probe
-    offsets = np.zeros(len(keys) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    keys = keys[probe_order]
-    columns = {}
-    for name in ROW_ARRAYS:
-      column = getattr(self, name)
-      columns[name] = None if column is None else take_rows(column[:n], perm)
-      setattr(self, name, None)
-    return ProbeRows(
-      probe_offsets=offsets,
-      probe_src=np.ascontiguousarray(keys[:, 1:]),
-      probe_version=np.ascontiguousarray(keys[:, 0]),
-      **columns,
-    )
-
-  def _row_order(self, probe: np.ndarray, seconds: np.ndarray) -> np.ndarray:
-    """Row permutation by (probe, seconds), ties broken by the rows' content.
-
-    Ties (same probe and second) are ordered by destination, RTT and hashed order, so the
-    result does not depend on the order the rows arrived in.
-    """
-    n = len(probe)
-    if n == 0:
-      return np.zeros(0, dtype=np.int64)
-    # Dumps are sorted by time and listed in time order, so a stable sort by probe alone
-    # usually leaves each probe's rows in time order; numpy radix-sorts 16-bit keys.
-    small = probe.astype(np.uint16) if int(probe.max()) < 2**16 else probe
-    perm = np.argsort(small, kind="stable")
-    del small
-    tie = self._ties(probe, seconds, perm)
-    if tie is None:  # not time-ordered within a probe: sort by (probe, seconds)
-      span = int(seconds.max()) - int(seconds.min())
-      if int(probe.max()) < 2**29 and span < 2**34:
-        key = (probe.astype(np.uint64) << np.uint64(34)) | (seconds - seconds.min()).astype(
-          np.uint64
-        )
-        perm = np.argsort(key)
-        del key
-      else:
-        perm = np.lexsort((seconds, probe))
-      tie = self._ties(probe, seconds, perm)
-    if not tie.any():
-      return perm
-    in_tie = np.zeros(n, dtype=bool)
-    in_tie[1:] |= tie
-    in_tie[:-1] |= tie
-    where = np.flatnonzero(in_tie)
-    run = np.cumsum(~np.concatenate([[False], tie])[where])  # one id per run of equal keys
-    rows = perm[where]
-    dst = take_rows(self.dst, rows).view(">u8")
-    content = [dst[:, 1], dst[:, 0], self.rtt_ms[rows].view(np.uint32)]
-    if self.hashed_order is not None:
-      content = [take_rows(self.hashed_order, rows).view(np.uint16)[:, 0], *content]
-    perm[where] = rows[np.lexsort((*content, run))]
-    return perm
-
-  @staticmethod
-  def _ties(probe: np.ndarray, seconds: np.ndarray, perm: np.ndarray) -> np.ndarray | None:
-    """bool [N-1]: row i+1 of `perm` has the same (probe, seconds) as row i; None if `perm`
-    is not sorted by (probe, seconds)."""
-    same_probe = probe[perm]
-    same_probe = same_probe[1:] == same_probe[:-1]
-    step = seconds[perm]
-    step = np.diff(step)
-    if (step[same_probe] < 0).any():
-      return None
-    return same_probe & (step == 0)

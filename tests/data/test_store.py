@@ -1,4 +1,5 @@
-"""The prepared store: lazy memory-mapped splits that pickle as their path; grouping and sorting."""
+"""The prepared store: lazy memory-mapped splits that pickle as their path; grouping and sorting
+(data.shards: partition by probe hash, sort a bucket)."""
 
 import json
 import multiprocessing
@@ -9,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from maxtext_netdata.data import schema, store
+from maxtext_netdata.data import schema, shards, store
 from maxtext_netdata.errors import DataError
 
 
@@ -37,34 +38,73 @@ ROWS = {
 
 
 def build(order, chunks=1, hashed=False):
-  builder = store.ProbeRowsBuilder(len(order), hashed=hashed)
+  """The rows of `order`, partitioned batch by batch into one bucket and sorted."""
+  parts = []
   for part in np.array_split(np.asarray(order), chunks):
-    builder.add(raw_columns(*[[ROWS[k][i] for i in part] for k in ROWS]))
-  return builder.finish()
+    columns = raw_columns(*[[ROWS[k][i] for i in part] for k in ROWS])
+    parts += [chunk for _, chunk in shards.partition(columns, 1, hashed)]
+  return shards.sort_bucket(parts)
+
+
+def key_hash(version, address_bytes):
+  return shards.probe_hashes(np.array([[version, *address_bytes]], np.uint8))[0]
 
 
 def test_rows_are_grouped_by_probe_and_sorted_whatever_the_input_order():
   rows = build(range(7))
-  # Probes by (version, address): 192.0.2.1, 192.0.2.9, ::, 2001:db8::1.
-  np.testing.assert_array_equal(rows.probe_version, [4, 4, 6, 6])
+  # Probes by hash of (version, address): 192.0.2.1, 192.0.2.9, ::, 2001:db8::1 in some order.
+  v6 = [0x20, 0x01, 0x0D, 0xB8, *[0] * 11, 1]
+  probes = {
+    (4, (192, 0, 2, 1, *[0] * 12)): [5],
+    (4, (192, 0, 2, 9, *[0] * 12)): [20, 20, 20, 30],
+    (6, (0,) * 16): [7],
+    (6, tuple(v6)): [10],
+  }
+  order = sorted(probes, key=lambda p: key_hash(*p))
+  np.testing.assert_array_equal(rows.probe_version, [v for v, _ in order])
+  np.testing.assert_array_equal(rows.probe_src, [a for _, a in order])
+  np.testing.assert_array_equal(rows.probe_hash, [key_hash(*p) for p in order])
   np.testing.assert_array_equal(
-    rows.probe_src[:, :4], [[192, 0, 2, 1], [192, 0, 2, 9], [0, 0, 0, 0], [0x20, 0x01, 0x0D, 0xB8]]
+    rows.probe_offsets, np.cumsum([0, *(len(probes[p]) for p in order)])
   )
-  np.testing.assert_array_equal(rows.probe_offsets, [0, 1, 5, 6, 7])
-  np.testing.assert_array_equal(rows.seconds, [5, 20, 20, 20, 30, 7, 10])
-  np.testing.assert_array_equal(rows.failed, [True, False, False, False, False, False, False])
+  np.testing.assert_array_equal(rows.seconds, sum((probes[p] for p in order), []))
+  np.testing.assert_array_equal(rows.failed, rows.rtt_ms < 0)
   for order, chunks in (
     ([6, 5, 4, 3, 2, 1, 0], 1),
     ([2, 4, 6, 0, 1, 3, 5], 3),
     ([4, 6, 2, 0, 5, 1, 3], 7),
   ):
     other = build(order, chunks)
-    for name in (*store.PROBE_ARRAYS, *store.ROW_ARRAYS):
+    for name in (*store.PROBE_ARRAYS, *store.ROW_ARRAYS, "probe_hash"):
       a, b = getattr(rows, name), getattr(other, name)
       if a is None:
         assert b is None
       else:
         np.testing.assert_array_equal(a, b, err_msg=f"{name} for order {order}")
+
+
+def test_the_probe_hash_is_the_probe_split_hash_and_buckets_keep_its_order():
+  # SPEC 3: the first 8 bytes of blake2b(version byte + 16 address bytes), big-endian.
+  key = bytes([4, 192, 0, 2, 9]) + bytes(12)
+  expected = int.from_bytes(__import__("hashlib").blake2b(key, digest_size=8).digest(), "big")
+  assert key_hash(4, key[1:]) == expected
+  hashes = np.sort(np.random.default_rng(0).integers(0, 2**64, 1000, dtype=np.uint64))
+  for buckets in (1, 2, 7, 64):
+    bucket = shards.bucket_of(hashes, buckets)
+    assert bucket.min() >= 0 and bucket.max() < buckets
+    assert (np.diff(bucket) >= 0).all()
+
+
+def test_chunks_survive_their_byte_form():
+  columns = raw_columns(*[ROWS[k] for k in ROWS])
+  for hashed in (False, True):
+    for _, chunk in shards.partition(columns, 3, hashed):
+      back = shards.Chunk.from_bytes(chunk.to_bytes())
+      for name in ("keys", "hashes", "probe"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(chunk, name))
+      assert back.columns.keys() == chunk.columns.keys()
+      for name, array in chunk.columns.items():
+        np.testing.assert_array_equal(back.columns[name], array)
 
 
 def test_take_rows_matches_fancy_indexing():
@@ -97,7 +137,10 @@ def test_store_opens_lazily_memory_maps_and_pickles_as_its_path(tmp_path):
   assert split.num_rows == 7 and split.num_probes == 4 and split.meta["split"] == "train"
   assert isinstance(split.dst, np.memmap) and split.dst.shape == (7, 16)
   assert split.hashed_order is None
-  assert split.probe_rows(1) == slice(1, 5)
+  big = int(np.argmax(np.diff(split.probe_offsets)))  # 192.0.2.9's four rows
+  assert split.probe_rows(big) == slice(
+    int(split.probe_offsets[big]), int(split.probe_offsets[big]) + 4
+  )
   data = pickle.dumps(split)
   assert len(data) < 500  # the path, not the arrays
   assert pickle.loads(data).seconds.tolist() == split.seconds.tolist()
@@ -108,11 +151,16 @@ def test_store_opens_lazily_memory_maps_and_pickles_as_its_path(tmp_path):
 
 def test_write_keeps_only_selected_rows_and_their_probes(tmp_path):
   rows = build(range(7))
-  keep = np.array([False, True, True, False, False, True, False])
+  sizes = np.diff(rows.probe_offsets)
+  big = int(np.argmax(sizes))
+  small = int(np.flatnonzero((sizes == 1) & (rows.rtt_ms[rows.probe_offsets[:-1]] >= 0))[0])
+  keep = np.zeros(7, dtype=bool)
+  keep[rows.probe_offsets[big] : rows.probe_offsets[big] + 2] = True
+  keep[rows.probe_offsets[small]] = True
   path = str(tmp_path / "part")
   assert rows.write(path, {}, keep) == {"rows": 3, "probes": 2, "failed": 0}
   split = store.PreparedStore(path)
-  np.testing.assert_array_equal(split.probe_offsets, [0, 2, 3])
+  np.testing.assert_array_equal(split.probe_offsets, [0, 2, 3] if big < small else [0, 1, 3])
   np.testing.assert_array_equal(split.seconds, rows.seconds[keep])
 
 

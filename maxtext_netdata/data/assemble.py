@@ -1,0 +1,151 @@
+"""The last step of prepare: sorted pieces (one per bucket, in bucket order) → the store's splits.
+
+Each split's arrays are the pieces' arrays concatenated, less the rows of the other split:
+with `network_split: probe` a probe is held out when its hash, as a fraction of 2^64, is below
+`network_test_fraction`; with `time`, every row at or after the `1 - fraction` quantile of
+time (numpy's "higher" quantile over all rows, found from the pieces' histograms of seconds).
+Memory holds one piece's column at a time plus per-probe arrays, whatever the store's size.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from maxtext_netdata.data import store
+
+
+def assemble(pieces: list[str], out: str, split: str, fraction: float, meta: dict) -> dict:
+  """Write the splits of `pieces` under `out`; their counts by split name.
+
+  `split` is "probe" or "time" (train/ and test/ folders) or "all" (one eval/ folder).
+  """
+  # Pieces are read, not memory-mapped: mapped pages would count in this process's RSS
+  # until unmapped, and they add up to the whole store.
+  opened = [store.PreparedStore(path) for path in pieces]  # their meta.json only
+  hashed = bool(opened) and bool(opened[0].meta.get("hashed_order"))
+  names = ("eval",) if split == "all" else ("train", "test")
+  cutoff = time_cutoff(pieces, fraction) if split == "time" and fraction > 0 else None
+
+  def masks(index: int) -> dict[str, np.ndarray]:
+    """bool [N] of each split over the rows of piece `index`."""
+    piece = opened[index]
+    if split == "all":
+      return {"eval": np.ones(piece.num_rows, dtype=bool)}
+    if split == "probe":
+      held = _load(pieces[index], "probe_hash").astype(np.float64) / 2.0**64 < fraction
+      test = np.repeat(held, np.diff(_load(pieces[index], "probe_offsets")))
+    elif cutoff is not None:
+      test = _load(pieces[index], "seconds") >= cutoff
+    else:
+      test = np.zeros(piece.num_rows, dtype=bool)
+    return {"train": ~test, "test": test}
+
+  totals = dict.fromkeys(names, 0)
+  for index in range(len(opened)):
+    for name, mask in masks(index).items():
+      totals[name] += int(np.count_nonzero(mask))
+  row_names = [n for n in store.ROW_ARRAYS if hashed or n != "hashed_order"]
+  writers = {name: _Writer(os.path.join(out, name), totals[name], row_names) for name in names}
+  try:
+    for index, piece in enumerate(opened):
+      path = pieces[index]
+      chosen = {name: np.flatnonzero(mask) for name, mask in masks(index).items()}
+      probe_of_row = np.repeat(np.arange(piece.num_probes), np.diff(_load(path, "probe_offsets")))
+      src, version = _load(path, "probe_src"), _load(path, "probe_version")
+      for name, rows in chosen.items():
+        sizes = np.bincount(probe_of_row[rows], minlength=piece.num_probes)
+        writers[name].add_probes(sizes, src, version)
+      del probe_of_row
+      for column in row_names:
+        array = _load(path, column)
+        for name, rows in chosen.items():
+          writers[name].add_rows(
+            column, array if len(rows) == piece.num_rows else store.take_rows(array, rows)
+          )
+  finally:
+    for writer in writers.values():
+      writer.close()
+  counts = {}
+  for name, writer in writers.items():
+    counts[name] = writer.finish({**meta, "split": name}, hashed)
+  return counts
+
+
+def _load(piece: str, name: str) -> np.ndarray:
+  return np.load(os.path.join(piece, f"{name}.npy"))
+
+
+def time_cutoff(pieces: list[str], fraction: float) -> int:
+  """`np.quantile(all seconds, 1 - fraction, method="higher")` from per-piece histograms."""
+  values, counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+  for piece in pieces:
+    v, c = np.unique(_load(piece, "seconds"), return_counts=True)
+    values, inverse = np.unique(np.concatenate([values, v]), return_inverse=True)
+    counts = np.bincount(inverse, weights=np.concatenate([counts, c]), minlength=len(values))
+    counts = counts.astype(np.int64)
+  n = int(counts.sum())
+  q = 1.0 - fraction
+  # numpy's virtual index for "higher" (alpha = beta = 1), then its ceiling, clipped.
+  virtual = n * q + (1 + q * (1 - 1 - 1)) - 1
+  index = int(min(max(np.ceil(virtual), 0), n - 1))
+  return int(values[np.searchsorted(np.cumsum(counts), index, side="right")])
+
+
+class _Writer:
+  """One split folder: row arrays streamed into preallocated .npy files, probes gathered."""
+
+  def __init__(self, path: str, rows: int, names: list[str]):
+    os.makedirs(path, exist_ok=True)
+    self.path = path
+    self.rows = rows
+    self.files = {}
+    for name in names:
+      dtype, tail = store.ROW_ARRAYS[name]
+      f = open(os.path.join(path, f"{name}.npy"), "wb")  # noqa: SIM115 (closed in close)
+      header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False}
+      np.lib.format.write_array_header_1_0(f, {**header, "shape": (rows, *tail)})
+      self.files[name] = f
+    self.sizes, self.src, self.version = [], [], []
+    self.failed = 0
+
+  def add_probes(self, sizes: np.ndarray, src: np.ndarray, version: np.ndarray) -> None:
+    present = sizes > 0
+    self.sizes.append(sizes[present])
+    self.src.append(src[present])
+    self.version.append(version[present])
+
+  def add_rows(self, name: str, array: np.ndarray) -> None:
+    if name == "failed":
+      self.failed += int(np.count_nonzero(array))
+    if array.size:
+      self.files[name].write(memoryview(np.ascontiguousarray(array)).cast("B"))
+
+  def close(self) -> None:
+    for f in self.files.values():
+      f.close()
+
+  def finish(self, meta: dict, hashed: bool) -> dict:
+    sizes = np.concatenate(self.sizes) if self.sizes else np.zeros(0, np.int64)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    assert offsets[-1] == self.rows, (self.path, offsets[-1], self.rows)
+    src = np.concatenate(self.src) if self.src else np.zeros((0, 16), np.uint8)
+    version = np.concatenate(self.version) if self.version else np.zeros(0, np.uint8)
+    np.save(os.path.join(self.path, "probe_offsets.npy"), offsets)
+    np.save(os.path.join(self.path, "probe_src.npy"), np.ascontiguousarray(src))
+    np.save(os.path.join(self.path, "probe_version.npy"), version)
+    counts = {"rows": self.rows, "probes": len(sizes), "failed": self.failed}
+    store.write_json(
+      os.path.join(self.path, store.META_FILE),
+      {
+        **meta,
+        "format_version": store.FORMAT_VERSION,
+        "num_rows": counts["rows"],
+        "num_probes": counts["probes"],
+        "num_failed": counts["failed"],
+        "hashed_order": hashed,
+      },
+    )
+    return counts

@@ -1,0 +1,313 @@
+"""Bounded-memory prepare: rows partitioned by probe hash, each bucket sorted into a piece.
+
+The three steps are plain functions, shared by the built-in runner (`data.prepare`, buckets
+spilled to local files) and the Apache Beam runner (`data.prepare_beam`, buckets grouped by
+GroupByKey), so that both build byte-identical stores:
+
+1. `partition(columns, num_buckets, hashed)`: a validated batch → one `Chunk` per bucket it
+   touches. A probe's bucket is a non-decreasing function of its hash, so every probe lives
+   in exactly one bucket and buckets follow one another in hash order.
+2. `sort_bucket(chunks)`: a bucket's chunks → its rows grouped by probe (ordered by
+   (hash, version, address)), time-sorted within a probe, ties by content (`store.ProbeRows`
+   with `probe_hash`); `write_piece` saves it.
+3. `data.assemble.assemble(pieces, ...)`: the pieces in bucket order → the store's splits.
+
+The probe hash is the first 8 bytes of `blake2b(version byte + 16 address bytes)`, read as a
+big-endian integer: the same number that decides the probe split (SPEC §3). The store's
+content depends only on the set of input rows: not on the bucket count, the file order or the
+rows' order within files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from maxtext_netdata.data import schema, store
+from maxtext_netdata.format import tokenizer
+
+# Rows of one bucket at most (the memory budget may ask for fewer): the sort's cost per row
+# grows with the arrays' size (cache misses), so small buckets are also faster.
+MAX_BUCKET_ROWS = 1 << 21
+# Bytes held per row of the bucket being sorted: its columns (37, 39 with hashed order), the
+# probe rank (4), the permutation (8) and the largest gathered column (16), with headroom
+# for buckets that the hash fills unevenly.
+SORT_BYTES_PER_ROW = 100
+# Memory that does not depend on the bucket size: imports and the reader's batches.
+FIXED_BYTES = 320 << 20
+PROBE_HASH_FILE = "probe_hash.npy"
+
+_HASHES: dict[bytes, int] = {}  # probe key → hash, kept for the process's life (few probes)
+
+
+def bucket_rows(memory_mb: int) -> int:
+  """Rows per bucket that keep a prepare with `memory_mb` of memory within it."""
+  budget = memory_mb * (1 << 20) - FIXED_BYTES
+  return int(min(MAX_BUCKET_ROWS, max(1 << 16, budget // SORT_BYTES_PER_ROW)))
+
+
+def num_buckets(total_rows: int, memory_mb: int) -> int:
+  """Buckets for `total_rows` raw rows (the content does not depend on it)."""
+  return max(1, -(-total_rows // bucket_rows(memory_mb)))
+
+
+def probe_hashes(keys: np.ndarray) -> np.ndarray:
+  """uint64 [K]: the hash of each (version byte + 16 address bytes) key of uint8 [K, 17]."""
+  out = np.empty(len(keys), dtype=np.uint64)
+  for i, key in enumerate(keys):
+    raw = key.tobytes()
+    value = _HASHES.get(raw)
+    if value is None:
+      value = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big")
+      _HASHES[raw] = value
+    out[i] = value
+  return out
+
+
+def bucket_of(hashes: np.ndarray, buckets: int) -> np.ndarray:
+  """int64 bucket of each hash: non-decreasing in the hash, so buckets keep hash order."""
+  scaled = (hashes.astype(np.float64) * (buckets / 2.0**64)).astype(np.int64)
+  return np.minimum(scaled, buckets - 1)
+
+
+@dataclasses.dataclass
+class Chunk:
+  """Rows of one bucket from one batch; `probe` indexes the chunk's own probe table."""
+
+  keys: np.ndarray  # uint8 [K, 17] version byte + source address of each probe
+  hashes: np.ndarray  # uint64 [K]
+  probe: np.ndarray  # int32 [n]
+  columns: dict  # name → array of store.ROW_ARRAYS (hashed_order only when stored)
+
+  def __len__(self) -> int:
+    return len(self.probe)
+
+  def to_bytes(self) -> bytes:
+    """One self-describing record: counts, then each array's bytes in a fixed order."""
+    head = np.array([len(self.probe), len(self.keys), "hashed_order" in self.columns], np.int64)
+    parts = [head, self.keys, self.hashes, self.probe]
+    parts += [self.columns[name] for name in _names("hashed_order" in self.columns)]
+    return b"".join(np.ascontiguousarray(p).tobytes() for p in parts)
+
+  @classmethod
+  def from_bytes(cls, data: bytes) -> Chunk:
+    n, k, hashed = np.frombuffer(data, np.int64, 3)
+    view, at = memoryview(data), 24
+
+    def take(dtype, shape):
+      nonlocal at
+      size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+      array = np.frombuffer(view[at : at + size], dtype).reshape(shape)
+      at += size
+      return array
+
+    keys, hashes, probe = take(np.uint8, (k, 17)), take(np.uint64, (k,)), take(np.int32, (n,))
+    columns = {}
+    for name in _names(bool(hashed)):
+      dtype, tail = store.ROW_ARRAYS[name]
+      columns[name] = take(dtype, (n, *tail))
+    return cls(keys, hashes, probe, columns)
+
+
+def _names(hashed: bool) -> list[str]:
+  return [name for name in store.ROW_ARRAYS if hashed or name != "hashed_order"]
+
+
+def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
+  """(bucket, chunk) of each bucket that rows of this validated batch fall in."""
+  n = len(columns)
+  keys = np.empty((n, 17), dtype=np.uint8)
+  keys[:, 0] = columns.version
+  keys[:, 1:] = columns.src
+  # Arrow's hash table finds the batch's probes in one C++ pass over the 17-byte keys.
+  encoded = pc.dictionary_encode(
+    pa.Array.from_buffers(pa.binary(17), n, [None, pa.py_buffer(keys)])
+  )
+  probe = encoded.indices.to_numpy().astype(np.int32, copy=False)
+  dictionary = encoded.dictionary
+  table = np.frombuffer(dictionary.buffers()[1], dtype=np.uint8)
+  table = table[dictionary.offset * 17 : (dictionary.offset + len(dictionary)) * 17]
+  table = table.reshape(-1, 17)
+  hashes = probe_hashes(table)
+  rtt_bytes, failed = tokenizer.rtt_bytes(columns.rtt)
+  data = {
+    "dst": columns.dst,
+    "seconds": columns.seconds,
+    "rtt_bytes": rtt_bytes,
+    "failed": failed,
+    "rtt_ms": columns.rtt.astype(np.float32),
+  }
+  if hashed:
+    data["hashed_order"] = tokenizer.hashed_order_pairs(
+      columns.src_text, columns.dst_text, columns.seconds
+    )
+  probe_bucket = bucket_of(hashes, buckets)
+  if (probe_bucket == probe_bucket[0]).all() if len(table) else True:
+    return [(int(probe_bucket[0]) if len(table) else 0, Chunk(table, hashes, probe, data))]
+  row_bucket = probe_bucket[probe].astype(np.uint16 if buckets < 2**16 else np.int64)
+  order = np.argsort(row_bucket, kind="stable")
+  bounds = np.concatenate([[0], np.cumsum(np.bincount(row_bucket, minlength=buckets))])
+  out = []
+  for bucket in np.unique(probe_bucket):
+    rows = order[bounds[bucket] : bounds[bucket + 1]]
+    mine = np.flatnonzero(probe_bucket == bucket)
+    local = np.full(len(table), -1, dtype=np.int32)
+    local[mine] = np.arange(len(mine), dtype=np.int32)
+    chunk = Chunk(
+      table[mine],
+      hashes[mine],
+      local[probe[rows]],
+      {name: store.take_rows(array, rows) for name, array in data.items()},
+    )
+    out.append((int(bucket), chunk))
+  return out
+
+
+def sort_bucket(chunks: list[Chunk]) -> store.ProbeRows:
+  """The rows of a bucket's chunks grouped by probe and time-sorted (see the module doc).
+
+  The result carries `probe_hash` (uint64 [P]); chunks are released as they are copied.
+  """
+  hashed = bool(chunks) and "hashed_order" in chunks[0].columns
+  n = sum(len(c) for c in chunks)
+  columns = {}
+  for name in _names(hashed):
+    dtype, tail = store.ROW_ARRAYS[name]
+    columns[name] = np.empty((n, *tail), dtype=dtype)
+  keys = np.concatenate([c.keys for c in chunks]) if chunks else np.zeros((0, 17), np.uint8)
+  hashes = np.concatenate([c.hashes for c in chunks]) if chunks else np.zeros(0, np.uint64)
+  entry = np.empty(n, dtype=np.int32)
+  at, key_at = 0, 0
+  while chunks:
+    chunk = chunks.pop(0)
+    m = len(chunk)
+    entry[at : at + m] = chunk.probe + key_at
+    for name in columns:
+      columns[name][at : at + m] = chunk.columns[name]
+    at, key_at = at + m, key_at + len(chunk.keys)
+  # Probes by (hash, version, address); a probe seen in several chunks is one probe.
+  order = np.lexsort((*keys.T[::-1], hashes))
+  sorted_keys = keys[order]
+  new = np.ones(len(order), dtype=bool)
+  new[1:] = (sorted_keys[1:] != sorted_keys[:-1]).any(axis=1)
+  rank = np.empty(len(order), dtype=np.int32)
+  rank[order] = np.cumsum(new) - 1
+  probe = rank[entry]
+  del entry
+  probe_keys = sorted_keys[new]
+  perm = row_order(probe, columns)
+  sizes = np.bincount(probe, minlength=len(probe_keys))
+  del probe
+  offsets = np.zeros(len(probe_keys) + 1, dtype=np.int64)
+  np.cumsum(sizes, out=offsets[1:])
+  for name in list(columns):
+    columns[name] = store.take_rows(columns[name], perm)
+  return store.ProbeRows(
+    probe_offsets=offsets,
+    probe_src=np.ascontiguousarray(probe_keys[:, 1:]),
+    probe_version=np.ascontiguousarray(probe_keys[:, 0]),
+    hashed_order=columns.pop("hashed_order", None),
+    probe_hash=hashes[order][new],
+    **columns,
+  )
+
+
+def row_order(probe: np.ndarray, columns: dict) -> np.ndarray:
+  """Row permutation by (probe, seconds), ties broken by the rows' content.
+
+  Ties (same probe and second) are ordered by destination, RTT and hashed order, so the
+  result does not depend on the order the rows arrived in.
+  """
+  seconds = columns["seconds"]
+  n = len(probe)
+  if n == 0:
+    return np.zeros(0, dtype=np.int64)
+  # Dumps are sorted by time and listed in time order, so a stable sort by probe alone
+  # usually leaves each probe's rows in time order; numpy radix-sorts 16-bit keys.
+  small = probe.astype(np.uint16) if int(probe.max()) < 2**16 else probe
+  perm = np.argsort(small, kind="stable")
+  del small
+  tie = _ties(probe, seconds, perm)
+  if tie is None:  # not time-ordered within a probe: sort by (probe, seconds)
+    span = int(seconds.max()) - int(seconds.min())
+    if int(probe.max()) < 2**29 and span < 2**34:
+      key = (probe.astype(np.uint64) << np.uint64(34)) | (seconds - seconds.min()).astype(np.uint64)
+      perm = np.argsort(key)
+      del key
+    else:
+      perm = np.lexsort((seconds, probe))
+    tie = _ties(probe, seconds, perm)
+  if not tie.any():
+    return perm
+  in_tie = np.zeros(n, dtype=bool)
+  in_tie[1:] |= tie
+  in_tie[:-1] |= tie
+  where = np.flatnonzero(in_tie)
+  run = np.cumsum(~np.concatenate([[False], tie])[where])  # one id per run of equal keys
+  rows = perm[where]
+  dst = store.take_rows(columns["dst"], rows).view(">u8")
+  content = [dst[:, 1], dst[:, 0], columns["rtt_ms"][rows].view(np.uint32)]
+  if columns.get("hashed_order") is not None:
+    content = [store.take_rows(columns["hashed_order"], rows).view(np.uint16)[:, 0], *content]
+  perm[where] = rows[np.lexsort((*content, run))]
+  return perm
+
+
+def _ties(probe: np.ndarray, seconds: np.ndarray, perm: np.ndarray) -> np.ndarray | None:
+  """bool [N-1]: row i+1 of `perm` has the same (probe, seconds) as row i; None if `perm` is
+  not sorted by (probe, seconds)."""
+  same_probe = probe[perm]
+  same_probe = same_probe[1:] == same_probe[:-1]
+  step = np.diff(seconds[perm])
+  if (step[same_probe] < 0).any():
+    return None
+  return same_probe & (step == 0)
+
+
+def write_piece(rows: store.ProbeRows, path: str, meta: dict) -> dict:
+  """Save a sorted bucket as a split-format folder plus its probes' hashes; its counts."""
+  counts = rows.write(path, meta)
+  np.save(os.path.join(path, PROBE_HASH_FILE), rows.probe_hash)
+  return counts
+
+
+class SpillWriter:
+  """Chunks appended to one local file per bucket: the built-in runner's GroupByKey."""
+
+  def __init__(self, folder: str, buckets: int):
+    os.makedirs(folder, exist_ok=True)
+    self.folder = folder
+    self.rows = [0] * buckets
+    self.files: dict[int, object] = {}
+
+  def path(self, bucket: int) -> str:
+    return os.path.join(self.folder, f"bucket-{bucket:05d}.bin")
+
+  def add(self, bucket: int, chunk: Chunk) -> None:
+    f = self.files.get(bucket)
+    if f is None:
+      f = self.files[bucket] = open(self.path(bucket), "wb")  # noqa: SIM115 (closed in close)
+    data = chunk.to_bytes()
+    f.write(len(data).to_bytes(8, "little"))
+    f.write(data)
+    self.rows[bucket] += len(chunk)
+
+  def close(self) -> None:
+    for f in self.files.values():
+      f.close()
+
+  def read(self, bucket: int) -> list[Chunk]:
+    """The bucket's chunks; the file is removed once read (its rows now live in memory)."""
+    if bucket not in self.files:
+      return []
+    chunks = []
+    with open(self.path(bucket), "rb") as f:
+      while size := f.read(8):
+        chunks.append(Chunk.from_bytes(f.read(int.from_bytes(size, "little"))))
+    os.remove(self.path(bucket))
+    return chunks
