@@ -102,7 +102,7 @@ def analyze(xplane: str | os.PathLike, step_module: str | None = None, skip_step
   host = data.find_plane_with_name("/host:CPU")
   if host is None:
     raise ValueError(f"{xplane}: no host plane in the trace")
-  python = [e for line in host.lines if line.name == "python" for e in line.events]
+  python = _main_thread_events(host)
   source, busy, runs = _accelerator_activity(data, host)
   if not busy:
     raise ValueError(f"{xplane}: no accelerator activity in the trace")
@@ -255,6 +255,20 @@ def _accelerator_activity(data, host):
     if e.duration_ns > 0 and not e.name.startswith(_IDLE_MARKERS)
   ]
   return "XLA threads of the CPU host", [(e.start_ns, e.end_ns) for e in events], _runs(events)
+
+
+def _main_thread_events(host) -> list:
+  """Events of the thread that dispatches the steps: the Python thread with the most jitted
+  dispatches (named `python`, or after the script)."""
+  best, best_count = [], -1
+  for line in host.lines:
+    if line.name.startswith("tf_XLA"):
+      continue
+    events = list(line.events)
+    count = sum(1 for e in events if e.name.startswith("PjitFunction("))
+    if count > best_count:
+      best, best_count = events, count
+  return best
 
 
 def _runs(events) -> list[tuple[str, int, int]]:

@@ -297,20 +297,32 @@ def format_table(report: dict) -> str:
   if stages:
     text = ", ".join(f"{k} {_ms(v)}" for k, v in stages["per_batch_s"].items())
     rows.append(("stages, median", f"{text}; slowest: {stages['slowest']}"))
-  acc = report["accelerator"]
-  rows.append(
-    (
-      "model",
-      f"{acc['params'] / 1e6:.1f}M params,"
-      f" {acc['flops_per_token'] / 1e9:.3g} GFLOP per token (training)",
-    )
-  )
-  for m in acc["at_mfu"]:
+  acc = report.get("accelerator")
+  if acc:
     rows.append(
       (
-        f"{acc['name']} @ {m['mfu']:.0%} MFU",
-        f"{m['tokens_per_s']:,.0f} tokens/s, {_ms(m['step_time_s'])}/step,"
-        f" needs {_number(m['loader_cores_needed'], '.1f')} cores of this pipeline",
+        "model",
+        f"{acc['params'] / 1e6:.1f}M params,"
+        f" {acc['flops_per_token'] / 1e9:.3g} GFLOP per token (training)",
+      )
+    )
+    for m in acc["at_mfu"]:
+      rows.append(
+        (
+          f"{acc['name']} @ {m['mfu']:.0%} MFU",
+          f"{m['tokens_per_s']:,.0f} tokens/s, {_ms(m['step_time_s'])}/step,"
+          f" needs {_number(m['loader_cores_needed'], '.1f')} cores of this pipeline",
+        )
+      )
+  prof = report.get("profile")
+  if prof:
+    gaps = prof["gaps"]
+    rows.append(
+      (
+        "profile",
+        f"idle {prof['idle_share']['median']:.0%} of a step (median, max"
+        f" {prof['idle_share']['max']:.0%}); {gaps['count']} gaps, {_ms(gaps['seconds'])};"
+        f" host waiting on: {prof['host_waiting_on'] or 'nothing'} ({len(prof['steps'])} steps)",
       )
     )
   width = max(len(k) for k, _ in rows)
@@ -338,14 +350,21 @@ def write_plot(report: dict, path: str | os.PathLike) -> Path:
 
 def plot(report: dict):
   """A matplotlib Figure (Agg canvas, no pyplot state): step time and data wait per step
-  (synthetic, real) and loading time per batch, each against the target step time."""
+  (synthetic, real) and loading time per batch, each against the target step time; with a
+  `profile` section, the accelerator's idle share per profiled step below."""
   from matplotlib.figure import Figure
   from matplotlib.ticker import MaxNLocator
 
   target_ms = report["target"]["step_time_s"] * 1e3
   runs = [(n, report[n]) for n in ("synthetic", "real") if report.get(n)]
-  fig = Figure(figsize=(9, 4 + 3.5 * bool(runs)))
-  axes = fig.subplots(1 + bool(runs), 1, squeeze=False)
+  profile = report.get("profile")
+  fig = Figure(figsize=(9, 4 + 3.5 * bool(runs) + 3.5 * bool(profile)))
+  axes = fig.subplots(1 + bool(runs) + bool(profile), 1, squeeze=False)
+  if profile:
+    from maxtext_netdata.bench import profile as bench_profile
+
+    bench_profile.plot_panel(axes[-1][0], profile)
+    axes = axes[:-1]
   if runs:
     ax = axes[0][0]
     steady_max = target_ms

@@ -1,0 +1,318 @@
+"""`maxtext-netdata bench --maxtext MAXTEXT_YAML`: the guide's procedure on MaxText's own code,
+for any dataset type MaxText runs (`grain` parquet / ArrayRecord with a tokenizer, `hf`, `tfds`,
+`synthetic`, and `network_grain` through our plugin).
+
+1. the target step: MaxText's trainer on `dataset_type=synthetic` (its own train step);
+2. loading alone: MaxText's `create_data_iterator` timed with no training, as its
+   `standalone_dataloader` does, plus first batch, p90, real tokens/s per core and an optional
+   `grain_worker_count` sweep;
+3. the real-data run: MaxText's trainer on the configured data; step time from its metrics
+   file, data wait from `maxtext_run`;
+4. with `--profile`, MaxText's own profiler (`profiler=xplane`) over a few real-data steps,
+   read by `bench.profile`;
+5. the verdict, the JSON report and the PNG plot of `bench.report`.
+
+Training runs go to `maxtext_run` subprocesses (`<report folder>/synthetic`, `/real`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from maxtext_netdata.bench import benchmark
+from maxtext_netdata.bench import profile as bench_profile
+from maxtext_netdata.bench import report as bench_report
+from maxtext_netdata.config import ConfigError
+
+# Dataset types MaxText 0.2.5's create_data_iterator builds, plus ours through the plugin.
+DATASET_TYPES = ("grain", "hf", "tfds", "c4_mlperf", "olmo_grain", "synthetic", "network_grain")
+# Real-data steps the profiler records after the warm-up.
+PROFILE_STEPS = 6
+OFFLINE_TOKENIZATION = (
+  "tokenize offline: MaxText's {kind} pipeline tokenizes every document in the loader; store"
+  " token ids (ArrayRecord or parquet) and set tokenize_train_data=false"
+)
+
+
+def run(args) -> int:
+  """`bench --maxtext`: measure, decide, write the report and the plot."""
+  from maxtext_netdata.bench import maxtext_run
+  from maxtext_netdata.maxtext import plugin
+  from maxtext_netdata.maxtext import train as maxtext_train
+
+  path = maxtext_train.resolve_config(args.config)
+  if args.steps < 0 or args.batches < 1:
+    raise ConfigError(f"--steps={args.steps} must be >= 0 and --batches={args.batches} >= 1")
+  if args.steps and args.steps + benchmark.WARMUP_STEPS < 3 and args.profile:
+    raise ConfigError("--profile needs --steps >= 1")
+  plugin.install()
+  maxtext_run.call_hook(args.loop_hook)
+  cfg = load_config(path, args.overrides)
+  sweep = benchmark._parse_sweep(args.sweep_workers)
+  if sweep and _dataset_type(cfg) not in ("grain", "network_grain"):
+    raise ConfigError(f"--sweep-workers: dataset_type={_dataset_type(cfg)} has no grain workers")
+  report_path = (
+    Path(args.report)
+    if args.report
+    else Path(cfg.base_output_directory) / cfg.run_name / "bench" / "report.json"
+  )
+  out = report_path.parent
+  trainer = _Trainer(path, args.overrides, args.loop_hook, args.steps, out)
+
+  synthetic = real = profile = None
+  if args.steps and args.target_step_time is None:
+    _progress(f"MaxText on synthetic data: {args.steps} + {benchmark.WARMUP_STEPS} steps")
+    synthetic = trainer.train("synthetic", ["dataset_type=synthetic"])
+  loading, sweep_results = measure_loadings(path, args.overrides, cfg, args.batches, sweep)
+  if args.steps:
+    _progress(f"MaxText on the configured data: {args.steps} + {benchmark.WARMUP_STEPS} steps")
+    extra = []
+    if args.profile:
+      extra = [
+        "profiler=xplane",
+        f"skip_first_n_steps_for_profiler={benchmark.WARMUP_STEPS}",
+        f"profiler_steps={min(args.steps, PROFILE_STEPS)}",
+      ]
+    real = trainer.train("real", extra)
+    if args.profile:
+      profile = bench_profile.analyze(bench_profile.find_xplane(out / "real"), "train_step")
+
+  if args.target_step_time is not None:
+    target = {"step_time_s": args.target_step_time, "source": "--target-step-time"}
+  elif synthetic is not None:
+    target = {
+      "step_time_s": synthetic["step_time"]["median"],
+      "source": "MaxText's train step on synthetic data on this machine",
+    }
+  else:
+    raise ConfigError("--steps 0 needs --target-step-time: MaxText's step is the target")
+  recommendation = (
+    bench_report.recommend_workers(sweep_results, target["step_time_s"]) if sweep_results else None
+  )
+  verdict = bench_report.decide(
+    target["step_time_s"],
+    target["source"],
+    loading,
+    real,
+    target["step_time_s"],
+    _next_knob(cfg, loading, recommendation),
+  )
+  if profile is not None:
+    verdict = bench_profile.amend_verdict(verdict, profile)
+  sequences = int(cfg.global_batch_size_to_load) // jax.process_count()
+  report = {
+    "config": path,
+    "overrides": list(args.overrides),
+    "maxtext": {
+      "dataset_type": _dataset_type(cfg),
+      "tokenizer_type": str(getattr(cfg.tokenizer_type, "value", cfg.tokenizer_type)),
+    },
+    "host": {
+      "cpu_cores": benchmark._cpu_cores(),
+      "devices": jax.device_count(),
+      "device_kind": jax.devices()[0].device_kind,
+      "processes": jax.process_count(),
+    },
+    "batch": {
+      "sequences": sequences,
+      "max_target_length": cfg.max_target_length,
+      "tokens": sequences * cfg.max_target_length,
+    },
+    "target": target,
+    "synthetic": synthetic,
+    "real": real,
+    "loading": loading,
+    "sweep": sweep_results,
+    "recommended_workers": recommendation,
+    "stages": None,
+    "accelerator": None,
+    "profile": profile,
+    "verdict": verdict,
+  }
+  bench_report.write_json(report, report_path)
+  plot_path = bench_report.write_plot(report, report_path.with_suffix(".png"))
+  print(bench_report.format_table(report))
+  print(f"\nreport: {report_path}\nplot:   {plot_path}")
+  return 0
+
+
+def load_config(path: str, overrides: list[str]):
+  """MaxText's config for `path` and `overrides` (plugin installed), or a one-line error."""
+  from maxtext.configs import pyconfig
+
+  try:
+    cfg = pyconfig.initialize(["bench", path, *overrides])
+  except ConfigError:
+    raise
+  except Exception as e:  # MaxText raises ValueError, pydantic errors, AssertionError...
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ConfigError(f"{path}: MaxText rejects the config: {first}") from None
+  if _dataset_type(cfg) not in DATASET_TYPES:
+    raise ConfigError(
+      f"{path}: dataset_type={_dataset_type(cfg)!r} is not one bench can run; use one of"
+      f" {', '.join(DATASET_TYPES)}"
+    )
+  return cfg
+
+
+def measure_loadings(path, overrides, cfg, batches: int, sweep: list[int]):
+  """Loading alone with the configured workers, then with each swept worker count."""
+  workers = getattr(cfg, "grain_worker_count", 0)
+  _progress(f"MaxText's create_data_iterator alone: {batches} batches, {workers} workers")
+  loading = measure_loading(cfg, batches)
+  results = []
+  for count in sweep:
+    if count == loading["workers"]:
+      results.append(loading)
+      continue
+    _progress(f"MaxText's create_data_iterator alone: {batches} batches, {count} workers")
+    results.append(
+      measure_loading(load_config(path, [*overrides, f"grain_worker_count={count}"]), batches)
+    )
+  return loading, results
+
+
+def measure_loading(cfg, batches: int) -> dict:
+  """MaxText's `create_data_iterator` with no training, as `standalone_dataloader` times it:
+  the first batch (start-up included), then as many untimed batches as the buffers hold, then
+  `batches` timed ones, each `next()` until its arrays are on the device."""
+  from maxtext.input_pipeline import input_pipeline_interface
+  from maxtext.utils import maxtext_utils
+
+  mesh = maxtext_utils.get_mesh_from_config(cfg)
+  workers = max(0, int(getattr(cfg, "grain_worker_count", 0)))
+  warmup = workers * int(getattr(cfg, "grain_per_worker_buffer_size", 1)) + 1
+  start = time.perf_counter()
+  try:
+    train_iter, eval_iter = input_pipeline_interface.create_data_iterator(cfg, mesh)
+  except Exception as e:
+    message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ConfigError(
+      f"MaxText cannot build its {_dataset_type(cfg)} pipeline: {message}"
+    ) from None
+  try:
+    jax.block_until_ready(_next(train_iter, 0))
+    first_batch_s = time.perf_counter() - start
+    for i in range(warmup):
+      _next(train_iter, i + 1)
+    cpu_before = benchmark._cpu_seconds()
+    times, real_tokens, slot_tokens = [], 0, 0
+    start = time.perf_counter()
+    for i in tqdm(range(batches), desc="loading alone", unit="batch", leave=False, disable=None):
+      t = time.perf_counter()
+      batch = jax.block_until_ready(_next(train_iter, warmup + 1 + i))
+      times.append(time.perf_counter() - t)
+      for shard in batch["targets_segmentation"].addressable_shards:  # this host's rows
+        real_tokens += int(np.count_nonzero(shard.data))
+        slot_tokens += shard.data.size
+    elapsed = time.perf_counter() - start
+    cpu_seconds = benchmark._cpu_seconds(cpu_before)
+  finally:
+    for iterator in (train_iter, eval_iter):
+      _close(iterator)
+  return bench_report.loading_summary(
+    times, first_batch_s, elapsed, real_tokens, slot_tokens, cpu_seconds, workers
+  )
+
+
+class _Trainer:
+  """MaxText training sub-runs of one bench, each in a `maxtext_run` process."""
+
+  def __init__(self, path, overrides, hook, steps, out: Path):
+    self.path, self.overrides, self.hook, self.steps, self.out = path, overrides, hook, steps, out
+
+  def train(self, name: str, extra: list[str]) -> dict:
+    metrics_file = self.out / f"{name}.metrics.jsonl"
+    metrics_file.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "maxtext_netdata.bench.maxtext_run"]
+    argv += ["--hook", self.hook] if self.hook else []
+    argv += [self.path, *self.overrides, *extra]
+    argv += [
+      f"steps={self.steps + benchmark.WARMUP_STEPS}",
+      f"base_output_directory={self.out}",
+      f"run_name={name}",
+      f"metrics_file={metrics_file}",
+      "enable_checkpointing=false",
+      "eval_interval=-1",
+    ]
+    log = self.out / f"{name}.log"
+    self.out.mkdir(parents=True, exist_ok=True)
+    with open(log, "w", encoding="utf-8") as f:
+      code = subprocess.run(
+        argv, stdout=f, stderr=subprocess.STDOUT, env=os.environ.copy()
+      ).returncode
+    if code != 0 or not metrics_file.exists():
+      tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
+      raise ConfigError(
+        f"MaxText's {name} run failed (exit {code}; log {log}): {tail[0] if tail else ''}"
+      )
+    records = []
+    for line in metrics_file.read_text(encoding="utf-8").splitlines():
+      m = json.loads(line)
+      if "perf/step_time_seconds" in m:
+        records.append(
+          {
+            "step": int(m["step"]),
+            "step_time_s": float(m["perf/step_time_seconds"]),
+            "data_wait_s": float(m.get("perf/data_wait_seconds", 0.0)),
+          }
+        )
+    if len(records) <= benchmark.WARMUP_STEPS:
+      raise ConfigError(f"{metrics_file}: {len(records)} steps logged (the data ended?)")
+    return bench_report.training_summary(records, benchmark.WARMUP_STEPS)
+
+
+def _next_knob(cfg, loading: dict, recommendation: dict | None) -> str:
+  knob = bench_report.next_knob(loading, benchmark._cpu_cores(), recommendation, None)
+  kind = _dataset_type(cfg)
+  online = kind in ("grain", "hf", "tfds") and getattr(cfg, "tokenize_train_data", False)
+  if online and "grain_worker_count" not in knob:
+    return OFFLINE_TOKENIZATION.format(kind=kind)
+  return knob
+
+
+def _dataset_type(cfg) -> str:
+  """`dataset_type` as written in the config (MaxText holds an enum, the plugin a string)."""
+  return str(getattr(cfg.dataset_type, "value", cfg.dataset_type))
+
+
+def _next(iterator, index: int):
+  try:
+    return next(iterator)
+  except StopIteration:
+    raise ConfigError(
+      f"the training data ran out after {index} batches: use fewer --batches, more data or"
+      " num_epoch > 1"
+    ) from None
+
+
+def _close(iterator) -> None:
+  """Stops an iterator's Grain workers and frees their shared memory.
+
+  MaxText's own `close()` trips over Grain's iterator (an assertion in `_parent`), so the
+  Grain iterator is closed here and detached before MaxText's `__del__` looks at it.
+  """
+  if iterator is None:
+    return
+  local = getattr(iterator, "local_iterator", None)
+  if local is not None and hasattr(local, "close"):
+    local.close()
+    iterator.local_iterator = None
+  if hasattr(iterator, "close"):
+    try:
+      iterator.close()
+    except Exception:  # MaxText's clean-up of an already closed iterator
+      pass
+
+
+def _progress(message: str) -> None:
+  print(f"[bench] {message}", flush=True)

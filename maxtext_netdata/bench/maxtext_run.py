@@ -1,0 +1,98 @@
+"""One MaxText training run for `bench --maxtext`, in a process of its own.
+
+`python -m maxtext_netdata.bench.maxtext_run [--hook MODULE:FUNCTION] MAXTEXT_YAML key=value...`
+runs MaxText's own trainer (`maxtext-train`, so `network_grain` works) with one addition: every
+training step's metrics (`metrics_file`, TensorBoard) gain `perf/data_wait_seconds`, the time
+MaxText's `DataLoader.load_next_batch` took for the step's batch, for every dataset type (for
+`network_grain` the plugin's own figure is kept). `--hook` calls `FUNCTION()` of `MODULE` first:
+changes to MaxText's loop or input pipeline that bench should measure as they will run.
+
+A process per run: MaxText keeps global state (its config, JAX's compilation cache options,
+the profiler), and its Grain workers and shared memory go away with the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import sys
+import time
+
+from maxtext_netdata.errors import UserError
+
+_LAST_WAIT: list[float] = []
+
+
+def call_hook(spec: str | None) -> None:
+  """Imports `MODULE` and calls `FUNCTION()` for a `MODULE:FUNCTION` spec (None: nothing).
+
+  Raises:
+    UserError: the spec is malformed or names nothing importable.
+  """
+  if not spec:
+    return
+  module_name, _, function_name = spec.partition(":")
+  if not module_name or not function_name:
+    raise UserError(f"--loop-hook={spec!r} must be MODULE:FUNCTION")
+  try:
+    function = getattr(importlib.import_module(module_name), function_name)
+  except (ImportError, AttributeError) as e:
+    raise UserError(f"--loop-hook={spec!r}: {e}") from None
+  function()
+
+
+def time_data_loading() -> None:
+  """Adds `perf/data_wait_seconds` (seconds in `DataLoader.load_next_batch`) to MaxText's
+  per-step training metrics, unless the plugin already set it."""
+  from maxtext.common import data_loader, metric_logger
+
+  loader = data_loader.DataLoader
+  if getattr(loader.load_next_batch, "_bench_timed", False):
+    return
+  original_load = loader.load_next_batch
+
+  @functools.wraps(original_load)
+  def load_next_batch(self, *args, **kwargs):
+    start = time.perf_counter()
+    try:
+      return original_load(self, *args, **kwargs)
+    finally:
+      _LAST_WAIT[:] = [time.perf_counter() - start]
+
+  load_next_batch._bench_timed = True
+  loader.load_next_batch = load_next_batch
+
+  logger = metric_logger.MetricLogger
+  original_write = logger.buffer_and_write_metrics
+
+  @functools.wraps(original_write)
+  def buffer_and_write_metrics(self, metrics, step, step_time_delta=None, is_training=True):
+    if is_training and metrics and _LAST_WAIT:
+      metrics["scalar"].setdefault("perf/data_wait_seconds", _LAST_WAIT[0])
+    return original_write(self, metrics, step, step_time_delta, is_training)
+
+  logger.buffer_and_write_metrics = buffer_and_write_metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="maxtext_run", description=__doc__.splitlines()[0])
+  parser.add_argument("--hook", metavar="MODULE:FUNCTION")
+  parser.add_argument("config")
+  parser.add_argument("overrides", nargs="*")
+  args = parser.parse_args(argv)
+  from maxtext_netdata.maxtext import plugin
+  from maxtext_netdata.maxtext import train as maxtext_train
+
+  try:
+    plugin.install()
+    time_data_loading()
+    call_hook(args.hook)
+    return maxtext_train.run(args)
+  except UserError as e:
+    print(f"maxtext_run: error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())
