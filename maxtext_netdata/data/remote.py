@@ -1,10 +1,17 @@
-"""Local, `s3://` and `gs://` files through `pyarrow.fs`: glob expansion, opening, retries.
+"""Local, `s3://` and `gs://` files through `pyarrow.fs`: glob expansion and opening.
 
 Every raw file is listed and opened here, whatever its location, so the same code path (and
-the same errors) serve a laptop and a bucket. Remote calls that fail transiently (a 503,
-a dropped connection, throttling) are retried with exponential backoff; permanent failures
-(no such bucket or object, access denied, no file matching a pattern) become a `DataError`
-naming the URI at once.
+the same errors) serve a laptop and a bucket. Retrying is the storage SDK's own: S3 requests
+follow the AWS SDK's standard retry strategy (5xx, throttling and dropped connections, with
+jittered exponential backoff) for `network_remote_retries` attempts, and GCS requests the
+Google client's policy within a time window derived from the same keys. A failure that
+outlasts them, or that no retry can fix (no such bucket or object, access denied, no file
+matching a pattern), becomes a `DataError` naming the URI. Each read of an open file is its
+own retried request, so a read resumes part-way without help from here.
+
+A glob is listed under its literal folder prefix only: `s3://bucket/a/b/*.parquet` is one
+listing of `a/b/` (one level, delimited), and only a pattern with a folder wildcard lists
+the folders below the prefix. Matching is CPython's `glob.translate` as shipped by fsspec.
 
 Configuration (see `StorageOptions.from_config`):
 - S3: endpoint from `network_s3_endpoint`, else `AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`;
@@ -20,38 +27,25 @@ import dataclasses
 import datetime
 import os
 import re
-import time
 from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from fsspec.utils import glob_translate
 
 from maxtext_netdata.errors import DataError
 
 _REMOTE_SCHEMES = ("s3", "gs")
 _GLOB_CHARS = re.compile(r"[*?\[]")
-# Failures no retry can fix. pyarrow reports AWS and GCS errors as OSError with the
-# service's error name in the text; FileNotFoundError / PermissionError are its own mapping.
-_PERMANENT_MARKERS = (
-  "NO_SUCH_BUCKET",
-  "NO_SUCH_KEY",
-  "ACCESS_DENIED",
-  "AccessDenied",
-  "INVALID_ACCESS_KEY_ID",
-  "SIGNATURE_DOES_NOT_MATCH",
-  "NoSuchBucket",
-  "NoSuchKey",
-  "does not exist",
-  "Forbidden",
-  "PERMISSION_DENIED",
-  "NOT_FOUND",
-  "UNAUTHENTICATED",
-)
 
 
 @dataclasses.dataclass(frozen=True)
 class StorageOptions:
-  """How to reach remote storage and how hard to retry."""
+  """How to reach remote storage and how hard the SDKs retry.
+
+  `retries` is the S3 attempts per request; GCS retries for as long as `retries` attempts
+  backing off from `backoff_s` and doubling would take (`gcs_retry_window_s`).
+  """
 
   s3_endpoint: str = ""
   s3_region: str = ""
@@ -74,6 +68,10 @@ class StorageOptions:
       retries=max(1, config.network_remote_retries),
       backoff_s=max(0.0, config.network_remote_backoff_s),
     )
+
+  @property
+  def gcs_retry_window_s(self) -> float:
+    return self.backoff_s * (2**self.retries - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,9 +123,7 @@ def _make_filesystem(scheme: str, options: StorageOptions) -> pafs.FileSystem:
   try:
     if scheme == "s3":
       kwargs = {
-        # One attempt per call: retries are ours (StorageOptions), so they are counted and
-        # backed off the same way for every backend.
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=1),
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=options.retries),
         "connect_timeout": 10.0,
         "request_timeout": 60.0,
       }
@@ -139,9 +135,8 @@ def _make_filesystem(scheme: str, options: StorageOptions) -> pafs.FileSystem:
       if options.s3_region:
         kwargs["region"] = options.s3_region
       return pafs.S3FileSystem(**kwargs)
-    # The GCS client retries for up to 15 minutes by default; a short window leaves the
-    # policy to StorageOptions, as for S3.
-    gcs_kwargs = {"retry_time_limit": datetime.timedelta(seconds=1)}
+    # The Google client retries transient errors itself, for 15 minutes by default.
+    gcs_kwargs = {"retry_time_limit": datetime.timedelta(seconds=options.gcs_retry_window_s)}
     if options.gcs_emulator:
       endpoint_scheme, endpoint = _split_endpoint(options.gcs_emulator)
       gcs_kwargs.update(
@@ -152,37 +147,28 @@ def _make_filesystem(scheme: str, options: StorageOptions) -> pafs.FileSystem:
     raise DataError(f"{scheme}://: cannot set up storage access ({e})") from None
 
 
-def is_permanent(error: BaseException) -> bool:
-  """Whether retrying `error` is pointless."""
-  if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
-    return True
-  if not isinstance(error, OSError):
-    return True
-  text = str(error)
-  return any(marker in text for marker in _PERMANENT_MARKERS)
+def storage_call[T](call: Callable[[], T], *, uri: str, what: str) -> T:
+  """`call()` once (the SDK beneath retries what is transient); an OSError becomes a
+  DataError naming `uri`."""
+  try:
+    return call()
+  except OSError as e:
+    raise DataError(f"{uri}: cannot {what}: {_short(e)}") from None
 
 
 def with_retries[T](
-  call: Callable[[], T],
-  *,
-  uri: str,
-  what: str,
-  options: StorageOptions,
+  call: Callable[[], T], *, uri: str, what: str, options: StorageOptions | None = None
 ) -> T:
-  """`call()`, retried on transient OSErrors; a failure becomes a DataError naming `uri`.
+  """`storage_call` under its former name: the retrying now happens in the SDK."""
+  del options
+  return storage_call(call, uri=uri, what=what)
 
-  Local files are tried once: their OSErrors do not heal by waiting.
-  """
-  attempts = options.retries if is_remote(uri) else 1
-  for attempt in range(attempts):
-    try:
-      return call()
-    except OSError as e:
-      if is_permanent(e) or attempt == attempts - 1:
-        tries = f" after {attempt + 1} attempts" if attempt else ""
-        raise DataError(f"{uri}: cannot {what}{tries}: {_short(e)}") from None
-      time.sleep(options.backoff_s * 2**attempt)
-  raise AssertionError("unreachable")
+
+def is_permanent(error: BaseException) -> bool:
+  """Whether trying a failed storage call again is pointless: always, since the SDK has
+  already retried whatever was transient within `StorageOptions`' policy."""
+  del error
+  return True
 
 
 def _short(error: BaseException) -> str:
@@ -193,31 +179,6 @@ def _short(error: BaseException) -> str:
   return " ".join(str(error).split())
 
 
-def _glob_regex(pattern: str) -> re.Pattern:
-  """Glob → regex: `*` and `?` stay within one path component, `**` crosses them."""
-  out, i = [], 0
-  while i < len(pattern):
-    c = pattern[i]
-    if pattern.startswith("**", i):
-      out.append(".*")
-      i += 2
-    elif c == "*":
-      out.append("[^/]*")
-      i += 1
-    elif c == "?":
-      out.append("[^/]")
-      i += 1
-    elif c == "[" and "]" in pattern[i + 2 :]:
-      end = pattern.index("]", i + 2)
-      body = pattern[i + 1 : end]
-      out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-      i = end + 1
-    else:
-      out.append(re.escape(c))
-      i += 1
-  return re.compile("".join(out) + r"\Z")
-
-
 def _entry(uri_prefix: str, info: pafs.FileInfo) -> FileEntry:
   mtime_ns = info.mtime_ns if info.mtime_ns is not None else 0
   return FileEntry(uri=uri_prefix + info.path, size=int(info.size or 0), mtime_ns=int(mtime_ns))
@@ -226,6 +187,7 @@ def _entry(uri_prefix: str, info: pafs.FileInfo) -> FileEntry:
 def expand(pattern: str, options: StorageOptions) -> list[FileEntry]:
   """Files matching one path, directory (its `*.parquet` files, recursively) or glob, sorted.
 
+  `*`, `?` and `[...]` stay within a folder; `**` as a whole folder name crosses folders.
   Raises DataError naming `pattern` when nothing matches.
   """
   fs, path = filesystem(pattern, options)
@@ -233,29 +195,32 @@ def expand(pattern: str, options: StorageOptions) -> list[FileEntry]:
   uri_prefix = f"{scheme}://" if scheme in _REMOTE_SCHEMES else ""
   glob = _GLOB_CHARS.search(path)
   if glob is None:
-    info = with_retries(
-      lambda: fs.get_file_info(path), uri=pattern, what="look up", options=options
-    )
+    info = storage_call(lambda: fs.get_file_info(path), uri=pattern, what="look up")
     if info.type == pafs.FileType.File:
       return [_entry(uri_prefix, info)]
-    if info.type == pafs.FileType.Directory:
-      base, regex = path.rstrip("/"), re.compile(r".*\.parquet\Z")
-    else:
+    if info.type != pafs.FileType.Directory:
       raise DataError(f"{pattern}: no such file, bucket or object")
+    selector = pafs.FileSelector(path.rstrip("/"), recursive=True)
+    regex = re.compile(r".*\.parquet\Z", re.DOTALL)
   else:
-    base = path[: glob.start()].rsplit("/", 1)[0]
+    base = path[: glob.start()].rpartition("/")[0]
     if not base and uri_prefix:
       raise DataError(f"{pattern}: a bucket name cannot be a pattern")
-    base = base or "/"
-    regex = _glob_regex(path)
-
-  def list_base():
     try:
-      return fs.get_file_info(pafs.FileSelector(base, recursive=True))
+      regex = re.compile(glob_translate(path))
+    except ValueError as e:
+      raise DataError(f"{pattern}: {e}") from None
+    # A wildcard in the last component only: one delimited listing of the prefix folder.
+    below = path[len(base) + 1 :]
+    selector = pafs.FileSelector(base or "/", recursive="/" in below)
+
+  def listing() -> list[pafs.FileInfo]:
+    try:
+      return fs.get_file_info(selector)
     except FileNotFoundError:
       return []  # the folder is missing (a missing bucket is an error of its own)
 
-  infos = with_retries(list_base, uri=pattern, what="list files", options=options)
+  infos = storage_call(listing, uri=pattern, what="list files")
   entries = [
     _entry(uri_prefix, info)
     for info in infos
@@ -279,6 +244,6 @@ def expand_all(patterns: str | Iterable[str], options: StorageOptions) -> list[F
 
 
 def open_input_file(entry: FileEntry, options: StorageOptions) -> pa.NativeFile:
-  """A random-access handle on a listed file, with retries."""
+  """A random-access handle on a listed file (each read a request the SDK retries)."""
   fs, path = filesystem(entry.uri, options)
-  return with_retries(lambda: fs.open_input_file(path), uri=entry.uri, what="open", options=options)
+  return storage_call(lambda: fs.open_input_file(path), uri=entry.uri, what="open")

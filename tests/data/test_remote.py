@@ -1,10 +1,13 @@
-"""Remote storage: glob expansion, retries, and prepare from s3:// (a local moto S3 server)."""
+"""Remote storage: glob listing, the SDKs' retries, and prepare from s3:// (a local moto S3 server)."""
 
+import dataclasses
 import http.client
 import http.server
 import os
 import socket
 import threading
+import time
+import urllib.parse
 
 import boto3
 import numpy as np
@@ -48,7 +51,10 @@ def s3(raw_files):
 
 
 class FlakyProxy:
-  """A loopback HTTP proxy in front of `target` that answers 503 to every `nth` request."""
+  """A loopback HTTP proxy in front of `target` that answers 503 to every `nth` request.
+
+  `lists` records the query of every bucket listing (ListObjects) that passes through.
+  """
 
   def __init__(self, target: str, nth: int):
     self.target = target.removeprefix("http://")
@@ -56,6 +62,7 @@ class FlakyProxy:
     self.requests = 0
     self.failed = 0
     self.failed_reads = 0  # ranged GETs: reads of parquet data, after the file was opened
+    self.lists: list[dict[str, str]] = []
     lock = threading.Lock()
     proxy = self
 
@@ -67,7 +74,10 @@ class FlakyProxy:
 
       def _handle(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
         with lock:
+          if self.command == "GET" and "list-type" in query:
+            proxy.lists.append(query)
           proxy.requests += 1
           fail = proxy.nth and proxy.requests % proxy.nth == 0
           proxy.failed += bool(fail)
@@ -173,10 +183,12 @@ def test_persistent_server_errors_fail_after_the_configured_attempts(tmp_path, s
     cfg = s3_config(
       tmp_path, f"s3://{BUCKET}/raw/*.parquet", proxy.endpoint, "network_remote_retries=3"
     )
-    with pytest.raises(DataError, match="after 3 attempts") as error:
+    with pytest.raises(DataError, match="cannot list files: .*SERVICE_UNAVAILABLE") as error:
       prepare.prepare(cfg, progress=False)
-  assert proxy.requests == 3
+  assert proxy.requests == 3  # the AWS SDK's attempts, all of them listings
+  assert len(proxy.lists) == 3
   assert f"s3://{BUCKET}/raw/*.parquet" in str(error.value)
+  assert len(str(error.value).splitlines()) == 1
 
 
 @pytest.mark.parametrize(
@@ -189,9 +201,11 @@ def test_persistent_server_errors_fail_after_the_configured_attempts(tmp_path, s
 )
 def test_missing_bucket_or_object_fails_at_once_naming_the_uri(tmp_path, s3, uri, message):
   with FlakyProxy(s3, nth=0) as proxy:
+    start = time.perf_counter()
     with pytest.raises(DataError, match=message) as error:
       prepare.prepare(s3_config(tmp_path, uri, proxy.endpoint), progress=False)
-  assert uri in str(error.value)
+  assert time.perf_counter() - start < 5
+  assert uri in str(error.value) and len(str(error.value).splitlines()) == 1
   assert proxy.requests <= 2  # no retries
 
 
@@ -207,7 +221,8 @@ def test_local_globs(tmp_path):
     ]
 
   assert names("a/*.parquet") == ["a/x.parquet", "a/y.parquet"]
-  assert names("a/**.parquet") == ["a/b/z.parquet", "a/x.parquet", "a/y.parquet"]
+  assert names("a/**/*.parquet") == ["a/b/z.parquet", "a/x.parquet", "a/y.parquet"]
+  assert names("*/b/*.parquet") == ["a/b/z.parquet"]
   assert names("a/[xz].parquet") == ["a/x.parquet"]
   assert names("a") == ["a/b/z.parquet", "a/x.parquet", "a/y.parquet"]
   assert names("a/x.parquet") == ["a/x.parquet"]
@@ -217,29 +232,8 @@ def test_local_globs(tmp_path):
     remote.expand(str(tmp_path / "a/*.csv"), options)
   with pytest.raises(DataError, match="unsupported storage scheme"):
     remote.expand("ftp://host/x.parquet", options)
-
-
-def test_retries_back_off_on_transient_errors_only():
-  options = remote.StorageOptions(retries=4, backoff_s=0.0)
-  calls = []
-
-  def flaky():
-    calls.append(1)
-    if len(calls) < 3:
-      raise OSError("AWS Error SLOW_DOWN during GetObject operation: slow down")
-    return "ok"
-
-  assert remote.with_retries(flaky, uri="s3://b/k", what="read", options=options) == "ok"
-  assert len(calls) == 3
-
-  def missing():
-    calls.append(1)
-    raise FileNotFoundError("s3://b/k")
-
-  calls.clear()
-  with pytest.raises(DataError, match="s3://b/k: cannot read: no such file"):
-    remote.with_retries(missing, uri="s3://b/k", what="read", options=options)
-  assert len(calls) == 1
+  with pytest.raises(DataError, match="'\\*\\*' can only be an entire path component"):
+    remote.expand(str(tmp_path / "a/**.parquet"), options)
 
 
 def test_unreachable_gcs_endpoint_fails_in_seconds_naming_the_uri(tmp_path, monkeypatch):
@@ -256,5 +250,35 @@ def test_unreachable_gcs_endpoint_fails_in_seconds_naming_the_uri(tmp_path, monk
       "network_remote_backoff_s=0.01",
     ],
   )
-  with pytest.raises(DataError, match="gs://pings/raw/x.parquet: cannot look up after 2 attempts"):
+  start = time.perf_counter()
+  with pytest.raises(DataError, match="gs://pings/raw/x.parquet: cannot look up: ") as error:
     prepare.prepare(cfg, progress=False)
+  assert time.perf_counter() - start < 10
+  assert len(str(error.value).splitlines()) == 1
+
+
+def test_a_glob_lists_only_its_literal_prefix(tmp_path, raw_files, s3):
+  client = boto3.client("s3", endpoint_url=s3, region_name="us-east-1")
+  client.create_bucket(Bucket="deep")
+  keys = ["a/b/x.parquet", "a/b/y.parquet", "a/b/notes.txt", "a/b/c/z.parquet", "a/bb/w.parquet"]
+  keys += [f"a/other/{i}.parquet" for i in range(30)] + ["top.parquet"]
+  for key in keys:
+    client.put_object(Bucket="deep", Key=key, Body=b"x")
+  options = remote.StorageOptions.from_config(s3_config(tmp_path, "", s3))
+  with FlakyProxy(s3, nth=0) as proxy:
+    found = remote.expand(
+      "s3://deep/a/b/*.parquet", dataclasses.replace(options, s3_endpoint=proxy.endpoint)
+    )
+  assert [e.uri for e in found] == ["s3://deep/a/b/x.parquet", "s3://deep/a/b/y.parquet"]
+  assert len(proxy.lists) == 1  # one page: the folder's own entries, not the tree below
+  assert proxy.lists[0]["prefix"] == "a/b/" and proxy.lists[0].get("delimiter") == "/"
+  with FlakyProxy(s3, nth=0) as proxy:
+    found = remote.expand(
+      "s3://deep/a/*/*.parquet", dataclasses.replace(options, s3_endpoint=proxy.endpoint)
+    )
+  assert [e.uri for e in found] == [
+    "s3://deep/a/b/x.parquet",
+    "s3://deep/a/b/y.parquet",
+    "s3://deep/a/bb/w.parquet",
+  ] + sorted(f"s3://deep/a/other/{i}.parquet" for i in range(30))
+  assert {q["prefix"] for q in proxy.lists} == {"a/"}  # a folder wildcard: the tree under a/
