@@ -72,7 +72,7 @@ def storage_options() -> remote.StorageOptions:
   return remote.StorageOptions.from_config(defaults)
 
 
-def _blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
+def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
   """(newline-delimited results, first line number, unit name) of one input, block by block."""
   codec = _CODECS.get(os.path.splitext(entry.uri)[1].lower())
   raw = remote.open_input_file(entry, options)
@@ -215,7 +215,7 @@ def ingest(
   try:
     runs, buffer, buffered = [], [], 0
     for entry in entries:
-      for data, line, unit in _blocks(entry, options, block_bytes, bar):
+      for data, line, unit in iter_blocks(entry, options, block_bytes, bar):
         table = ripe_json.rows_of_block(data, line, entry.uri, unit, counts, skip_bad)
         buffer.append(table)
         buffered += table.num_rows
