@@ -22,7 +22,6 @@ import os
 import shutil
 import tempfile
 import time
-import types
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import tqdm
 
+from maxtext_netdata.config import load as load_config
 from maxtext_netdata.data import remote, ripe_json
 from maxtext_netdata.data.generate import (
   COMPLETE_MARKER,
@@ -62,14 +62,8 @@ class Summary:
 
 
 def storage_options() -> remote.StorageOptions:
-  """The storage layer's defaults and environment (ingest takes no config file)."""
-  defaults = types.SimpleNamespace(
-    network_s3_endpoint="",
-    network_s3_region="",
-    network_remote_retries=5,
-    network_remote_backoff_s=0.5,
-  )
-  return remote.StorageOptions.from_config(defaults)
+  """The storage keys' defaults (`configs/base.yml`) and the environment, as `prepare` has."""
+  return remote.StorageOptions.from_config(load_config(None))
 
 
 def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
