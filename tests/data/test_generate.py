@@ -162,3 +162,26 @@ def test_large_runs_are_written_in_time_slices(tmp_path, monkeypatch):
   assert (np.diff(table.column("event_time").cast(pa.int64()).to_numpy()) >= 0).all()
   columns, _ = schema.read_raw(paths[1])
   assert len(columns) == 10_000
+
+
+def test_ripe_json_is_one_result_per_row_and_deterministic(tmp_path, capsys):
+  out = str(tmp_path / "json")
+  argv = ["generate", "--out", out, "--rows", "3000", "--shards", "2", "--format", "ripe-json"]
+  assert cli.main(argv) == 0
+  paths = sorted(os.path.join(out, n) for n in os.listdir(out) if n.endswith(".json"))
+  assert [os.path.basename(p) for p in paths] == [
+    "pings-00000-of-00002.json",
+    "pings-00001-of-00002.json",
+  ]
+  first = _bytes(paths)
+  assert cli.main(argv) == 0 and _bytes(paths) == first
+  results = [json.loads(line) for p in paths for line in open(p, encoding="utf-8")]
+  parquet = _table(generate(str(tmp_path / "pq"), rows=3000, shards=2, progress=False))
+  assert len(results) == parquet.num_rows == 3000
+  assert {r["type"] for r in results} == {"ping"} and all(len(r["result"]) == 1 for r in results)
+  assert [r["from"] for r in results] == parquet.column("src_addr").to_pylist()
+  seconds = parquet.column("event_time").cast(pa.timestamp("s", tz="UTC")).cast(pa.int64())
+  assert [r["timestamp"] for r in results] == seconds.to_pylist()
+  failed = [r["result"][0] for r in results if r["avg"] == -1]
+  kinds = collections.Counter(next(iter(p)) for p in failed)
+  assert kinds["x"] > 0 and kinds["error"] > 0 and set(kinds) == {"x", "error"}
