@@ -50,6 +50,9 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
+  # Options after `--` belong to another program (`prepare --runner beam -- --runner=...`).
+  passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []
+  argv = argv[: argv.index("--")] if "--" in argv else argv
   selected = next((a for a in argv if not a.startswith("-")), None)
   if selected not in COMMANDS:
     selected = None
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
   if extra:
     args.overrides = [*args.overrides, *extra]
+  args.passthrough = passthrough
   module = importlib.import_module(COMMANDS[args.command][0])
   from absl import flags  # noqa: PLC0415
 

@@ -86,8 +86,12 @@ def ensure_prepared(config, *, progress: bool = True) -> PreparedSplits:
   return prepare(config, progress=progress, force=False)
 
 
-def prepare(config, *, progress: bool = True, force: bool = False) -> PreparedSplits:
-  """Build the store of `config` unless a current one exists (or `force`); open it."""
+def prepare(config, *, progress: bool = True, force: bool = False, runner=None) -> PreparedSplits:
+  """Build the store of `config` unless a current one exists (or `force`); open it.
+
+  `runner` builds the sorted pieces of one set of files (`data.prepare_beam.runner`); None
+  is the built-in one (`_local_pieces`). Listing, locking, assembling and caching are shared.
+  """
   if not config.grain_train_files.strip():
     raise ConfigError("grain_train_files is empty: set it to raw parquet paths, globs or URIs")
   options = remote.StorageOptions.from_config(config)
@@ -109,7 +113,7 @@ def prepare(config, *, progress: bool = True, force: bool = False) -> PreparedSp
       shutil.rmtree(stale, ignore_errors=True)  # a killed build's: the lock says none runs
     tmp = os.path.join(config.prepared_dir, f".tmp-{fp}-{uuid.uuid4().hex[:8]}")
     try:
-      summary = _build(config, options, train_files, eval_files, tmp, fp, progress)
+      summary = _build(config, options, train_files, eval_files, tmp, fp, progress, runner)
       summary["path"] = root
       store.write_json(os.path.join(tmp, store.META_FILE), summary)
       if os.path.isdir(root):
@@ -288,16 +292,37 @@ def _pause_point(stage: str) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def _build_group(config, options, files, *, work, name, split, meta, progress) -> tuple:
+def _build_group(config, options, files, *, work, name, split, meta, progress, runner) -> tuple:
   """Prepare one set of files into split folder(s) under `work`: (counts, report, probes)."""
   metadata = check_files(files, options)
   total = sum(m.num_rows for m in metadata)
   buckets = shards.num_buckets(total, config.network_prepare_memory_mb)
-  spill = shards.SpillWriter(os.path.join(work, f".spill-{name}"), buckets)
+  pieces_dir = os.path.join(work, f".pieces-{name}")
+  build_pieces = _local_pieces if runner is None else runner
+  pieces, report = build_pieces(
+    config, options, files, metadata, buckets=buckets, pieces_dir=pieces_dir, progress=progress
+  )
+  if not pieces:
+    label = config.grain_train_files if name == "train" else config.grain_eval_files
+    raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
+  _pause_point("sorted")
+  probes = sum(store.PreparedStore(path).num_probes for path in pieces)
+  counts = assemble.assemble(pieces, work, split, config.network_test_fraction, meta)
+  shutil.rmtree(pieces_dir, ignore_errors=True)
+  return counts, report, probes
+
+
+def _local_pieces(config, options, files, metadata, *, buckets, pieces_dir, progress) -> tuple:
+  """The built-in runner: buckets spilled to local files, then sorted one at a time.
+
+  Returns the piece folders in bucket order and the read report.
+  """
+  spill = shards.SpillWriter(pieces_dir + "-spill", buckets)
   report = _ReadReport()
   hashed, skip_bad = _hashed(config), config.network_skip_bad_rows
+  total = sum(m.num_rows for m in metadata)
   with tqdm.tqdm(
-    total=total, desc=f"prepare {name}: read", unit="row", unit_scale=True, disable=not progress
+    total=total, desc="prepare: read", unit="row", unit_scale=True, disable=not progress
   ) as bar:
     try:
       for entry, file_metadata in zip(files, metadata, strict=True):
@@ -316,29 +341,26 @@ def _build_group(config, options, files, *, work, name, split, meta, progress) -
         _pause_point("reading")
     finally:
       spill.close()
-  label = config.grain_train_files if name == "train" else config.grain_eval_files
-  if sum(spill.rows) == 0:
-    raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
   _pause_point("partitioned")
-  pieces, probes = [], 0
+  pieces = []
   for bucket in tqdm.tqdm(
-    range(buckets), desc=f"prepare {name}: sort", unit="bucket", disable=not progress
+    range(buckets), desc="prepare: sort", unit="bucket", disable=not progress
   ):
     chunks = spill.read(bucket)
     if chunks:
-      path = os.path.join(work, f".pieces-{name}", f"{bucket:05d}")
-      probes += shards.write_piece(shards.sort_bucket(chunks), path, {})["probes"]
-      pieces.append(path)
-  _pause_point("sorted")
-  counts = assemble.assemble(
-    pieces, work, split, config.network_test_fraction, {**meta, "split_of": name}
-  )
-  shutil.rmtree(os.path.join(work, f".spill-{name}"), ignore_errors=True)
-  shutil.rmtree(os.path.join(work, f".pieces-{name}"), ignore_errors=True)
-  return counts, report, probes
+      pieces.append(sort_and_write(bucket, chunks, pieces_dir))
+  shutil.rmtree(pieces_dir + "-spill", ignore_errors=True)
+  return pieces, report
 
 
-def _build(config, options, train_files, eval_files, tmp: str, fp: str, progress: bool) -> dict:
+def sort_and_write(bucket: int, chunks: list, pieces_dir: str) -> str:
+  """Sort one bucket's chunks into the piece `<pieces_dir>/<bucket>`; its folder."""
+  path = os.path.join(pieces_dir, f"{bucket:05d}")
+  shards.write_piece(shards.sort_bucket(chunks), path, {})
+  return path
+
+
+def _build(config, options, train_files, eval_files, tmp, fp, progress, runner) -> dict:
   start, cpu_start = time.perf_counter(), _cpu_seconds()
   rss_start = psutil.Process().memory_info().rss
   meta = {"fingerprint": fp, "source_files": [f.uri for f in train_files]}
@@ -351,6 +373,7 @@ def _build(config, options, train_files, eval_files, tmp: str, fp: str, progress
     split=config.network_split,
     meta=meta,
     progress=progress,
+    runner=runner,
   )
   if eval_files:
     eval_meta = {"fingerprint": fp, "source_files": [f.uri for f in eval_files]}
@@ -363,6 +386,7 @@ def _build(config, options, train_files, eval_files, tmp: str, fp: str, progress
       split="all",
       meta=eval_meta,
       progress=progress,
+      runner=runner,
     )
     counts.update(eval_counts)
     report.rows_read += eval_report.rows_read
@@ -441,10 +465,26 @@ def add_arguments(parser) -> None:
   parser.add_argument("config", help="YAML config (e.g. configs/base.yml)")
   parser.add_argument("overrides", nargs="*", help="key=value config overrides")
   parser.add_argument("--force", action="store_true", help="rebuild even if a current store exists")
+  parser.add_argument(
+    "--runner",
+    choices=("builtin", "beam"),
+    default="builtin",
+    help="builtin: this process; beam: an Apache Beam pipeline (pip install '.[beam]'), its"
+    " options after `--` (DirectRunner by default)",
+  )
 
 
 def run(args) -> int:
   config = load_config(args.config, args.overrides)
-  splits = prepare(config, progress=True, force=args.force)
+  runner = None
+  if args.runner == "beam":
+    try:
+      from maxtext_netdata.data import prepare_beam  # noqa: PLC0415 (an optional extra)
+    except ImportError as e:
+      raise ConfigError(f"--runner beam needs Apache Beam: pip install '.[beam]' ({e})") from None
+    runner = prepare_beam.runner(getattr(args, "passthrough", []))
+  elif getattr(args, "passthrough", []):
+    raise ConfigError("options after `--` are Beam pipeline options: add --runner beam")
+  splits = prepare(config, progress=True, force=args.force, runner=runner)
   print(format_summary(splits.summary))
   return 0
