@@ -282,11 +282,13 @@ def rows_of_block(
   return table
 
 
-_DEPTH = np.zeros(256, np.int64)
-_DEPTH[[ord("{"), ord("[")]] = 1
-_DEPTH[[ord("}"), ord("]")]] = -1
-_STRUCTURAL = np.zeros(256, bool)
-_STRUCTURAL[[ord(c) for c in "{}[],"]] = True
+_OPEN, _CLOSE, _QUOTE = 1, 2, 3
+_CLASSES = bytearray(256)
+_CLASSES[ord("{")] = _CLASSES[ord("[")] = _OPEN
+_CLASSES[ord("}")] = _CLASSES[ord("]")] = _CLOSE
+_CLASSES[ord('"')] = _QUOTE
+_CLASSES = bytes(_CLASSES)
+_SPACE = b" \t\r\n"
 
 
 class ArrayToLines:
@@ -295,9 +297,9 @@ class ArrayToLines:
   Each piece returned ends after a complete element; the rest waits for the next piece, so
   every piece starts outside any string at the array's top level. Raw newlines cannot occur
   inside JSON strings, so they become spaces (pretty-printed arrays turn into one element a
-  line); the top-level commas become newlines. Quotes are found with numpy, and only the
-  structural characters outside strings are walked to find the depth: a few passes over the
-  bytes, no Python loop per byte or element.
+  line); the commas after top-level objects become newlines. One `bytes.translate` marks
+  brackets and quotes; only those positions are walked in numpy (quote parity says what is
+  inside a string, a cumulative sum gives the depth): no Python loop per byte or element.
   """
 
   def __init__(self, path: str):
@@ -305,6 +307,15 @@ class ArrayToLines:
     self.started = False
     self.closed = False
     self.carry = b""
+
+  def _after(self, buf: bytes, raw: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Position of the first non-space byte after each of `ends` (the last byte if none)."""
+    after = np.minimum(ends + 1, len(buf) - 1)
+    spaced = np.flatnonzero(np.isin(raw[after], np.frombuffer(_SPACE, np.uint8)))
+    for i in spaced:  # pretty-printed input only; compact arrays have the comma next
+      rest = buf[ends[i] + 1 :]
+      after[i] = min(ends[i] + 1 + len(rest) - len(rest.lstrip()), len(buf) - 1)
+    return after
 
   def feed(self, piece: bytes, last: bool) -> bytes:
     buf = self.carry + piece
@@ -321,28 +332,34 @@ class ArrayToLines:
       return b""
     buf = buf.replace(b"\n", b" ").replace(b"\r", b" ")
     raw = np.frombuffer(buf, np.uint8)
-    quotes = np.flatnonzero(raw == ord('"'))
+    marks = np.flatnonzero(np.frombuffer(buf.translate(_CLASSES), np.uint8))
+    kind = raw[marks]
+    quote = kind == ord('"')
     if b"\\" in buf:
       # A quote after an odd run of backslashes is part of the string.
-      position = np.arange(len(raw))
-      last_plain = np.maximum.accumulate(np.where(raw == ord("\\"), -1, position))
+      quotes = marks[quote]
+      last_plain = np.maximum.accumulate(np.where(raw == ord("\\"), -1, np.arange(len(raw))))
       before = np.maximum(quotes - 1, 0)
       run = np.where(quotes > 0, before - last_plain[before], 0)
-      quotes = quotes[run % 2 == 0]
-    marks = np.flatnonzero(_STRUCTURAL[raw])
-    marks = marks[np.searchsorted(quotes, marks, side="right") % 2 == 0]
-    depth = 1 + np.cumsum(_DEPTH[raw[marks]])
+      quote[np.flatnonzero(quote)[run % 2 == 1]] = False
+      kind[~quote & (kind == ord('"'))] = 0
+    outside = ~quote & (np.cumsum(quote) % 2 == 0) & (kind != 0)
+    marks, kind = marks[outside], kind[outside]
+    depth = 1 + np.cumsum(np.where((kind == ord("{")) | (kind == ord("[")), 1, -1))
     if len(depth) and depth.min() < 0:
       raise DataError(f"{self.path}: not a well-formed JSON array")
-    commas = marks[(raw[marks] == ord(",")) & (depth == 1)]
-    ends = marks[depth == 0]
-    if len(ends):
-      if buf[ends[0] + 1 :].strip():
+    ends = marks[(kind == ord("}")) & (depth == 1)]
+    close = marks[depth == 0]
+    if len(close):
+      if buf[close[0] + 1 :].strip():
         raise DataError(f"{self.path}: text after the end of the JSON array")
-      cut, self.closed, self.carry = ends[0], True, b""
-      commas = commas[commas < cut]
+      ends = ends[ends < close[0]]
     elif last:
       raise DataError(f"{self.path}: the JSON array is not closed (truncated file?)")
+    commas = self._after(buf, raw, ends)
+    commas = commas[raw[commas] == ord(",")]
+    if len(close):
+      cut, self.closed, self.carry = close[0], True, b""
     elif len(commas):
       cut, commas = commas[-1], commas[:-1]
       self.carry = buf[cut + 1 :]
