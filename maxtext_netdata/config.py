@@ -11,19 +11,22 @@ config subclass. Adding a key is one field here (then regenerate base.yml).
 the named YAML (which may chain further through `base_config`), then the overrides, and returns
 a read-only `Config`: plain values, cheap to pickle to Grain workers.
 
+`ConfigModel` is defined on first use (`config.ConfigModel`, `load`): importing this module, as
+every Grain worker does to unpickle a Config, costs no pydantic.
+
 Over 400 lines for a reason: the model holds one field per key (57), most of them two lines.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 _PACKAGE_CONFIGS = Path(__file__).resolve().parent / "configs"
 _REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -93,156 +96,173 @@ def _empty_if_none(value: Any) -> Any:
   return "" if value is None else value
 
 
-Text = Annotated[str, BeforeValidator(_empty_if_none)]
-Real = Annotated[float, BeforeValidator(_float_text)]
-Positive = Annotated[int, AfterValidator(_positive)]
-WorkerCount = Annotated[int, AfterValidator(_worker_count)]
-Epochs = Annotated[int, AfterValidator(_epochs)]
-Fraction = Annotated[float, BeforeValidator(_float_text), AfterValidator(_fraction)]
-Names = Annotated[list[str], BeforeValidator(_as_list)]
-ModeWeights = Annotated[list[float], BeforeValidator(_as_list), AfterValidator(_mode_weights)]
-DatasetType = Annotated[str, AfterValidator(_registered_dataset_type)]
+@functools.cache
+def _model():
+  """ConfigModel, defined on first use: pydantic costs ~0.1 s to import, and Grain worker
+  processes, which import this module to unpickle a Config, never validate one."""
+  from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field  # noqa: PLC0415
+
+  Text = Annotated[str, BeforeValidator(_empty_if_none)]
+  Real = Annotated[float, BeforeValidator(_float_text)]
+  Positive = Annotated[int, AfterValidator(_positive)]
+  WorkerCount = Annotated[int, AfterValidator(_worker_count)]
+  Epochs = Annotated[int, AfterValidator(_epochs)]
+  Fraction = Annotated[float, BeforeValidator(_float_text), AfterValidator(_fraction)]
+  Names = Annotated[list[str], BeforeValidator(_as_list)]
+  ModeWeights = Annotated[list[float], BeforeValidator(_as_list), AfterValidator(_mode_weights)]
+  DatasetType = Annotated[str, AfterValidator(_registered_dataset_type)]
+
+  class ConfigModel(BaseModel):
+    """Every key maxtext_netdata knows: type, default and the description base.yml shows.
+
+    Strict like our YAML: an int is no bool, a float no int; an int is a float, None is "" and
+    "1e-3" is 1e-3 (see the Annotated types above).
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    run_name: Text = Field(
+      "netdata_run", description="sub-directory of base_output_directory for this run's outputs"
+    )
+    base_output_directory: Text = Field(
+      "runs", description="where runs write metrics, TensorBoard logs and checkpoints"
+    )
+    steps: Positive = Field(100, description="training steps")
+    log_period: Positive = Field(
+      10, description="a stdout metrics line every this many steps (metrics.jsonl gets every step)"
+    )
+    enable_tensorboard: bool = Field(
+      True, description="write TensorBoard event files beside metrics.jsonl"
+    )
+    enable_checkpointing: bool = Field(
+      True, description="save model, optimizer and data-iterator state with Orbax"
+    )
+    checkpoint_period: Positive = Field(
+      50, description="save a checkpoint every this many steps (and at the end)"
+    )
+    eval_interval: int = Field(-1, description="run eval every this many steps; -1 never")
+    eval_steps: Positive = Field(4, description="batches per eval")
+    peak_tflops_per_device: Real = Field(
+      989.0, description="bf16 dense peak used for MFU (H100 SXM); set for your chip"
+    )
+    jax_distributed_initialization_timeout: int = Field(
+      300, description="seconds for all hosts of a multi-host run to connect"
+    )
+
+    dataset_type: DatasetType = Field(
+      "network_grain",
+      description="input pipeline: network_grain, synthetic, or one added by register_dataset_type",
+    )
+    grain_train_files: Text = Field(
+      "", description="raw parquet: paths, globs or gs:// / s3:// URIs, comma-separated"
+    )
+    grain_eval_files: Text = Field(
+      "", description="raw parquet for eval; empty: the test split of grain_train_files"
+    )
+    grain_worker_count: WorkerCount = Field(
+      -1, description="Grain worker processes; 0 in-process; -1 picks from cores and memory"
+    )
+    grain_per_worker_buffer_size: int = Field(2, description="batches each worker keeps ready")
+    grain_num_threads: int = Field(
+      2, description="read threads of to_iter_dataset (in-process prefetch)"
+    )
+    grain_prefetch_buffer_size: int = Field(4, description="batches prefetched by those threads")
+    grain_ram_budget_mb: int = Field(2048, description="memory the -1 worker count may use")
+    data_shuffle_seed: int = Field(
+      0, description="seed of every random choice of the data pipeline"
+    )
+    enable_data_shuffling: bool = Field(
+      True, description="false: slots in store order (still deterministic)"
+    )
+    num_epoch: Epochs = Field(
+      1, description="passes over the data; the iterator ends after them; -1 repeats forever"
+    )
+    packing: bool = Field(
+      True, description="fill sequences with several contexts (segment ids 1..k); false pads"
+    )
+    max_target_length: Positive = Field(1024, description="tokens per sequence")
+    per_device_batch_size: Real = Field(8.0, description="sequences per device per step")
+    global_batch_size_to_load: int = Field(
+      -1, description="sequences per step over all hosts; -1: per_device_batch_size x devices"
+    )
+    data_sharding: Names = Field(
+      ["data"], description="mesh axes the batch dimension is sharded over"
+    )
+
+    network_prepared_dir: Text = Field(
+      "", description="prepared store location; empty: <base_output_directory>/prepared"
+    )
+    network_split: Literal["probe", "time"] = Field(
+      "probe", description="probe: test set = probes by stable address hash; time: the latest rows"
+    )
+    network_test_fraction: Fraction = Field(
+      0.1, description="share of probes (or of time) held out as the test split"
+    )
+    network_mode_weights: ModeWeights = Field(
+      [0.4, 0.3, 0.3], description="weights of the full / partial / none context modes"
+    )
+    network_field_order: Literal["random", "fixed", "hashed"] = Field(
+      "random", description="random | fixed | hashed order of a measurement's field blocks"
+    )
+    network_skip_bad_rows: bool = Field(
+      False, description="true: drop unparsable rows and count them in the prepare summary"
+    )
+    network_prepare_memory_mb: int = Field(
+      1024, ge=256, description="memory prepare may use, whatever the row count (sets its buckets)"
+    )
+    network_remote_retries: int = Field(
+      5, description="attempts for a transient remote-storage error"
+    )
+    network_remote_backoff_s: Real = Field(
+      0.5, description="first retry delay; doubles each attempt"
+    )
+    network_s3_endpoint: Text = Field(
+      "", description="S3-compatible endpoint URL; empty: AWS_ENDPOINT_URL or AWS default"
+    )
+    network_s3_region: Text = Field(
+      "", description="S3 region; empty: AWS_REGION / AWS_DEFAULT_REGION"
+    )
+
+    vocab_size: int = Field(268, description="netdata-v1 vocabulary (a model may round it up)")
+    base_emb_dim: int = Field(640, description="model width")
+    base_num_query_heads: int = Field(10, description="attention heads")
+    base_num_kv_heads: int = Field(
+      10, description="key/value heads (grouped-query attention when fewer)"
+    )
+    head_dim: int = Field(64, description="width of one head")
+    base_mlp_dim: int = Field(2048, description="MLP hidden width")
+    base_num_decoder_layers: int = Field(20, description="decoder blocks")
+    dtype: Literal["bfloat16", "float32", "float16"] = Field(
+      "bfloat16", description="activation dtype"
+    )
+    weight_dtype: Literal["bfloat16", "float32"] = Field("float32", description="parameter dtype")
+    logits_dot_in_fp32: bool = Field(True, description="compute the output projection in float32")
+
+    learning_rate: Real = Field(0.0003, description="peak learning rate")
+    warmup_steps_fraction: Real = Field(
+      0.1, description="share of steps spent warming up linearly from 0"
+    )
+    cosine_learning_rate_final_fraction: Real = Field(
+      0.1, description="final learning rate as a fraction of the peak"
+    )
+    learning_rate_schedule_steps: int = Field(
+      -1, description="steps the warmup + cosine schedule spans; -1: steps"
+    )
+    adam_b1: Real = Field(0.9, description="AdamW beta1")
+    adam_b2: Real = Field(0.95, description="AdamW beta2")
+    adam_eps: Real = Field(1e-08, description="AdamW epsilon")
+    adam_weight_decay: Real = Field(0.1, description="AdamW decoupled weight decay")
+    gradient_clipping_threshold: Real = Field(
+      1.0, description="global-norm gradient clipping; 0 disables"
+    )
+
+  return ConfigModel
 
 
-class ConfigModel(BaseModel):
-  """Every key maxtext_netdata knows: type, default and the description base.yml shows.
-
-  Strict like our YAML: an int is no bool, a float no int; an int is a float, None is "" and
-  "1e-3" is 1e-3 (see the Annotated types above).
-  """
-
-  model_config = ConfigDict(strict=True, extra="forbid")
-
-  run_name: Text = Field(
-    "netdata_run", description="sub-directory of base_output_directory for this run's outputs"
-  )
-  base_output_directory: Text = Field(
-    "runs", description="where runs write metrics, TensorBoard logs and checkpoints"
-  )
-  steps: Positive = Field(100, description="training steps")
-  log_period: Positive = Field(
-    10, description="a stdout metrics line every this many steps (metrics.jsonl gets every step)"
-  )
-  enable_tensorboard: bool = Field(
-    True, description="write TensorBoard event files beside metrics.jsonl"
-  )
-  enable_checkpointing: bool = Field(
-    True, description="save model, optimizer and data-iterator state with Orbax"
-  )
-  checkpoint_period: Positive = Field(
-    50, description="save a checkpoint every this many steps (and at the end)"
-  )
-  eval_interval: int = Field(-1, description="run eval every this many steps; -1 never")
-  eval_steps: Positive = Field(4, description="batches per eval")
-  peak_tflops_per_device: Real = Field(
-    989.0, description="bf16 dense peak used for MFU (H100 SXM); set for your chip"
-  )
-  jax_distributed_initialization_timeout: int = Field(
-    300, description="seconds for all hosts of a multi-host run to connect"
-  )
-
-  dataset_type: DatasetType = Field(
-    "network_grain",
-    description="input pipeline: network_grain, synthetic, or one added by register_dataset_type",
-  )
-  grain_train_files: Text = Field(
-    "", description="raw parquet: paths, globs or gs:// / s3:// URIs, comma-separated"
-  )
-  grain_eval_files: Text = Field(
-    "", description="raw parquet for eval; empty: the test split of grain_train_files"
-  )
-  grain_worker_count: WorkerCount = Field(
-    -1, description="Grain worker processes; 0 in-process; -1 picks from cores and memory"
-  )
-  grain_per_worker_buffer_size: int = Field(2, description="batches each worker keeps ready")
-  grain_num_threads: int = Field(
-    2, description="read threads of to_iter_dataset (in-process prefetch)"
-  )
-  grain_prefetch_buffer_size: int = Field(4, description="batches prefetched by those threads")
-  grain_ram_budget_mb: int = Field(2048, description="memory the -1 worker count may use")
-  data_shuffle_seed: int = Field(0, description="seed of every random choice of the data pipeline")
-  enable_data_shuffling: bool = Field(
-    True, description="false: slots in store order (still deterministic)"
-  )
-  num_epoch: Epochs = Field(
-    1, description="passes over the data; the iterator ends after them; -1 repeats forever"
-  )
-  packing: bool = Field(
-    True, description="fill sequences with several contexts (segment ids 1..k); false pads"
-  )
-  max_target_length: Positive = Field(1024, description="tokens per sequence")
-  per_device_batch_size: Real = Field(8.0, description="sequences per device per step")
-  global_batch_size_to_load: int = Field(
-    -1, description="sequences per step over all hosts; -1: per_device_batch_size x devices"
-  )
-  data_sharding: Names = Field(
-    ["data"], description="mesh axes the batch dimension is sharded over"
-  )
-
-  network_prepared_dir: Text = Field(
-    "", description="prepared store location; empty: <base_output_directory>/prepared"
-  )
-  network_split: Literal["probe", "time"] = Field(
-    "probe", description="probe: test set = probes by stable address hash; time: the latest rows"
-  )
-  network_test_fraction: Fraction = Field(
-    0.1, description="share of probes (or of time) held out as the test split"
-  )
-  network_mode_weights: ModeWeights = Field(
-    [0.4, 0.3, 0.3], description="weights of the full / partial / none context modes"
-  )
-  network_field_order: Literal["random", "fixed", "hashed"] = Field(
-    "random", description="random | fixed | hashed order of a measurement's field blocks"
-  )
-  network_skip_bad_rows: bool = Field(
-    False, description="true: drop unparsable rows and count them in the prepare summary"
-  )
-  network_prepare_memory_mb: int = Field(
-    1024, ge=256, description="memory prepare may use, whatever the row count (sets its buckets)"
-  )
-  network_remote_retries: int = Field(
-    5, description="attempts for a transient remote-storage error"
-  )
-  network_remote_backoff_s: Real = Field(0.5, description="first retry delay; doubles each attempt")
-  network_s3_endpoint: Text = Field(
-    "", description="S3-compatible endpoint URL; empty: AWS_ENDPOINT_URL or AWS default"
-  )
-  network_s3_region: Text = Field(
-    "", description="S3 region; empty: AWS_REGION / AWS_DEFAULT_REGION"
-  )
-
-  vocab_size: int = Field(268, description="netdata-v1 vocabulary (a model may round it up)")
-  base_emb_dim: int = Field(640, description="model width")
-  base_num_query_heads: int = Field(10, description="attention heads")
-  base_num_kv_heads: int = Field(
-    10, description="key/value heads (grouped-query attention when fewer)"
-  )
-  head_dim: int = Field(64, description="width of one head")
-  base_mlp_dim: int = Field(2048, description="MLP hidden width")
-  base_num_decoder_layers: int = Field(20, description="decoder blocks")
-  dtype: Literal["bfloat16", "float32", "float16"] = Field(
-    "bfloat16", description="activation dtype"
-  )
-  weight_dtype: Literal["bfloat16", "float32"] = Field("float32", description="parameter dtype")
-  logits_dot_in_fp32: bool = Field(True, description="compute the output projection in float32")
-
-  learning_rate: Real = Field(0.0003, description="peak learning rate")
-  warmup_steps_fraction: Real = Field(
-    0.1, description="share of steps spent warming up linearly from 0"
-  )
-  cosine_learning_rate_final_fraction: Real = Field(
-    0.1, description="final learning rate as a fraction of the peak"
-  )
-  learning_rate_schedule_steps: int = Field(
-    -1, description="steps the warmup + cosine schedule spans; -1: steps"
-  )
-  adam_b1: Real = Field(0.9, description="AdamW beta1")
-  adam_b2: Real = Field(0.95, description="AdamW beta2")
-  adam_eps: Real = Field(1e-08, description="AdamW epsilon")
-  adam_weight_decay: Real = Field(0.1, description="AdamW decoupled weight decay")
-  gradient_clipping_threshold: Real = Field(
-    1.0, description="global-norm gradient clipping; 0 disables"
-  )
+def __getattr__(name: str):
+  if name == "ConfigModel":
+    return _model()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # base.yml's section headings, before the key that opens each.
@@ -278,7 +298,7 @@ def _yaml_value(value: Any) -> str:
 def base_yml() -> str:
   """The text of `configs/base.yml`: every key, its default and its description."""
   lines = [_BASE_YML_HEADER.rstrip("\n")]
-  for key, field in ConfigModel.model_fields.items():
+  for key, field in _model().model_fields.items():
     if key in _SECTIONS:
       heading = f"# --- {_SECTIONS[key]} "
       lines += ["", heading + "-" * (91 - len(heading))]
@@ -338,7 +358,7 @@ def _load_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 def defaults() -> dict[str, Any]:
   """Every key with its default value (those of base.yml)."""
-  return ConfigModel().model_dump()
+  return _model()().model_dump()
 
 
 def _type_name(value: Any) -> str:
@@ -356,7 +376,7 @@ def _type_name(value: Any) -> str:
 
 
 def _expected(key: str) -> str:
-  annotation = ConfigModel.model_fields[key].annotation
+  annotation = _model().model_fields[key].annotation
   return getattr(annotation, "__name__", None) if not get_args(annotation) else str(annotation)
 
 
@@ -365,15 +385,15 @@ def _error_message(error: Mapping[str, Any], values: Mapping[str, Any], origin) 
   key = str(error["loc"][0])
   source = origin(key)
   if error["type"] == "extra_forbidden":
-    return unknown_key_message(key, ConfigModel.model_fields, source)
+    return unknown_key_message(key, _model().model_fields, source)
   value = values[key]
   if error["type"] == "value_error":
     return f"{source}: {key}={value!r} {error['ctx']['error']}"
   if error["type"] == "literal_error":
-    choices = get_args(ConfigModel.model_fields[key].annotation)
+    choices = get_args(_model().model_fields[key].annotation)
     return f"{source}: {key}={value!r} is not one of {', '.join(choices)}"
   if error["type"].endswith("_type"):
-    default = ConfigModel.model_fields[key].default
+    default = _model().model_fields[key].default
     return (
       f"{source}: {key}={value!r} has type {_type_name(value)}, expected {_expected(key)}"
       f" (default {default!r})"
@@ -390,8 +410,10 @@ def validate(values: Mapping[str, Any], origin=lambda key: "config") -> dict[str
   Raises:
     ConfigError: the first problem, in one line.
   """
+  from pydantic import ValidationError  # noqa: PLC0415
+
   try:
-    return ConfigModel.model_validate(dict(values)).model_dump()
+    return _model().model_validate(dict(values)).model_dump()
   except ValidationError as e:
     errors = e.errors(include_url=False)
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -481,7 +503,7 @@ class Config:
 
 def load(path: str | os.PathLike | None, overrides: Iterable[str] = ()) -> Config:
   """The config of YAML `path` (None: the defaults alone) with `key=value` overrides."""
-  fields = ConfigModel.model_fields
+  fields = _model().model_fields
   values: dict[str, Any] = {}
   origin: dict[str, str] = {}
   source = "base.yml"

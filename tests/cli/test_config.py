@@ -1,6 +1,8 @@
 """config: one typed model, YAML + overrides, helpful errors, base_config chains."""
 
 import pickle
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -173,3 +175,16 @@ def test_derived_values(tmp_path):
   assert cfg.replace(per_device_batch_size=0.5).global_batch_size(4) == 2
   with pytest.raises(ConfigError, match="not a whole number"):
     cfg.replace(per_device_batch_size=0.5).global_batch_size(3)
+
+
+def test_importing_config_and_unpickling_one_costs_no_pydantic():
+  """Grain workers import config to unpickle a Config; only validating builds the model."""
+  payload = pickle.dumps(config.load(None, ["steps=3"]))
+  script = (
+    "import pickle, sys\n"
+    f"cfg = pickle.loads({payload!r})\n"
+    "assert cfg.steps == 3 and 'pydantic' not in sys.modules, sorted(sys.modules)\n"
+    "cfg.replace(steps=4)\n"
+    "assert 'pydantic' in sys.modules\n"
+  )
+  subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
