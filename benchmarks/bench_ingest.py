@@ -90,6 +90,10 @@ def main() -> None:
     with open(compressed, "wb") as f:
       f.write(bz2.compress(lines[:cut]))
     _report("bz2 lines", compressed, work)
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  print(
+    f"peak RSS of this process (generate and the input held in memory included): {peak:.0f} MiB"
+  )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from maxtext_netdata.data.generate import (
 from maxtext_netdata.errors import DataError, UserError
 
 BLOCK_BYTES = 16 << 20
-RUN_ROWS = 4_000_000  # rows sorted in memory at once (~80 bytes a row)
+RUN_ROWS = 2_000_000  # rows sorted in memory at once (~80 bytes a row, twice while sorting)
 SHARD_ROWS = 1_000_000  # rows per file when --shards is not given
 _MERGE_BATCH = 65_536  # rows read from each run at a time while merging
 _CODECS = {".bz2": "bz2", ".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
