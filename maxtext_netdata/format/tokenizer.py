@@ -25,7 +25,7 @@ PERMUTATIONS = np.array(
 )
 
 # Tokens of the timestamp block per TS_* kind (tag + payload bytes).
-_TS_LENGTH = np.array([0, 9, 2, 5], dtype=np.int64)
+_TS_LENGTH = np.array(tk.TS_BLOCK_LENGTH, dtype=np.int64)
 _TS_TAG = np.array([0, tk.TIMESTAMP_ABS, tk.TIMESTAMP_DELTA1, tk.TIMESTAMP_DELTA4], np.int32)
 _BLOCK_NAMES = {
   tk.BLOCK_SRC: "src",
@@ -68,8 +68,10 @@ def rtt_ms_of_bytes(high: int, low: int) -> float:
 
 def measurement_lengths(version, failed, ts_kind) -> np.ndarray:
   """int32 [N] tokens per measurement."""
-  address = np.where(np.asarray(version) == 4, 5, 17)
-  result = np.where(np.asarray(failed), 1, 3)
+  address = np.where(
+    np.asarray(version) == 4, tk.ADDRESS_BLOCK_LENGTH[4], tk.ADDRESS_BLOCK_LENGTH[6]
+  )
+  result = np.where(np.asarray(failed), tk.RESULT_BLOCK_LENGTH[True], tk.RESULT_BLOCK_LENGTH[False])
   ts_length = _TS_LENGTH[np.asarray(ts_kind, dtype=np.intp)]
   return (1 + 2 * address + result + ts_length).astype(np.int32)
 
@@ -133,9 +135,9 @@ def _layout_tables() -> tuple[np.ndarray, ...]:
   for order, permutation in enumerate(PERMUTATIONS):
     for is_ipv6, failed, ts_kind in itertools.product((0, 1), (0, 1), range(4)):
       layout = ((order * 2 + is_ipv6) * 2 + failed) * 4 + ts_kind
-      address = 17 if is_ipv6 else 5
-      ts_length = int(_TS_LENGTH[ts_kind])
-      block_length = [address, address, 1 if failed else 3, ts_length]
+      address = tk.ADDRESS_BLOCK_LENGTH[6 if is_ipv6 else 4]
+      ts_length = tk.TS_BLOCK_LENGTH[ts_kind]
+      block_length = [address, address, tk.RESULT_BLOCK_LENGTH[bool(failed)], ts_length]
       offset = 1
       for block in permutation:
         starts[layout, block] = offset

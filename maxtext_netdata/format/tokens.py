@@ -1,6 +1,7 @@
 """The netdata-v1 vocabulary: token ids and per-measurement token counts.
 
-Ids 0-266 are those of the original ping-LLM format; 267 is padding.
+Ids 0-266 are those of the original ping-LLM format; 267 is padding. Every token count of a
+measurement (SPEC §2) is derived here, and only here, from its blocks.
 """
 
 MEASUREMENT_START = 0
@@ -32,6 +33,23 @@ BLOCK_RESULT = 2
 BLOCK_TIMESTAMP = 3
 
 DELTA4_MAX = 2**32 - 1
+
+# Tokens of each block: tag + payload bytes.
+ADDRESS_BLOCK_LENGTH = {4: 1 + 4, 6: 1 + 16}
+RESULT_BLOCK_LENGTH = {False: 1 + 2, True: 1}  # by `failed`
+TS_BLOCK_LENGTH = (0, 1 + 8, 1 + 1, 1 + 4)  # by TS_* kind
+
+
+def measurement_length(version: int, failed: bool, ts_kind: int) -> int:
+  """Tokens of one measurement: MEASUREMENT_START, src, dst, result and timestamp blocks."""
+  address = ADDRESS_BLOCK_LENGTH[version]
+  return 1 + 2 * address + RESULT_BLOCK_LENGTH[bool(failed)] + TS_BLOCK_LENGTH[ts_kind]
+
+
+# Shortest (failed, no timestamp) and longest (RTT, absolute timestamp) measurement per IP
+# version: what bounds how many measurements a sequence holds, and the shortest sequence.
+SHORTEST_MEASUREMENT = {v: measurement_length(v, True, TS_NONE) for v in (4, 6)}
+LONGEST_MEASUREMENT = measurement_length(6, False, TS_ABS)
 
 NAMES = {
   MEASUREMENT_START: "MEASUREMENT_START",

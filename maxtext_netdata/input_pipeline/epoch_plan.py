@@ -1,26 +1,30 @@
 """The epoch plan: which contexts of which probes make up each row of an epoch.
 
-Every probe's time-sorted rows are cut into *pieces*. A probe's grid of pieces has a stride of
-`stride` rows (the rows that fill about one sequence, from the probe's mean measurement length)
-and a jittered phase drawn from (seed, epoch, probe), so the boundaries move between epochs:
+Names used here and in `sequences.py` / `batch_kernel.py`, one per concept:
+- *piece*: a run of one probe's time-sorted store rows cut by the epoch grid (below);
+- *context*: the run of one probe's consecutive measurements that one segment of a sequence
+  is filled from (a plan context, from a piece, or a *filler*: a few random measurements);
+- *plan row*: the contexts of one training sequence, in order; its index in the plan is the
+  coordinate of all its random draws (`rng.py`);
+- *row*: a row of a batch, i.e. the plan row at that stream position.
+
+A probe's grid of pieces has a stride of `stride` store rows (the measurements that fill about
+one sequence, from the probe's mean measurement length) and a jittered phase drawn from (seed,
+epoch, probe), so the boundaries move between epochs:
 
     [0, j) head | [j, j+s) long | [j+s, j+2s) long | ... | tail [.., n)
 
-A *long* piece becomes a row of its own whose context fills from the piece start until the
+A *long* piece is a plan row of its own whose context fills from the piece start until the
 sequence is full (it may read past the piece end, never past the probe end). Heads, tails and
-probes shorter than a stride are *short*: with packing they are grouped into *units* (first
+probes shorter than a stride are *short*: with packing they are grouped into plan rows (first
 fit over a seeded permutation, by estimated tokens) whose contexts each stop at their piece
-end; without packing each short piece is a padded row. Either way every measurement belongs to
-exactly one piece, so one epoch covers every measurement about once (a long context reads a
-few rows more or fewer than its stride, depending on its mode).
+end; without packing each short piece is a padded plan row. Either way every measurement
+belongs to exactly one piece, so one epoch covers every measurement about once (a long context
+reads a few measurements more or fewer than its stride, depending on its mode).
 
-Rows are then ordered by a seeded permutation (`enable_data_shuffling`), or by their first row
-in the store. The plan depends only on (store, seed, epoch, max_target_length, packing), never
-on workers, hosts or restarts.
-
-This module also holds the counter-based randomness used by the whole pipeline: splitmix64
-over uint64 counters, vectorized, so any row's random choices are computed directly from its
-coordinates without a generator object.
+Plan rows are then ordered by a seeded permutation (`enable_data_shuffling`), or by their
+first store row. The plan depends only on (store, seed, epoch, max_target_length, packing),
+never on workers, hosts or restarts.
 """
 
 from __future__ import annotations
@@ -29,62 +33,13 @@ import dataclasses
 
 import numpy as np
 
-# Purposes of random draws; each keeps its own stream of the counter-based hash. CONTEXT and
-# MEASUREMENT draws are split into 21-bit fields (`fraction`) for their several choices.
-JITTER, SHUFFLE, PACK_ORDER, CONTEXT, MEASUREMENT, FILLER = range(6)
-_FIELD_BITS = 21
+from maxtext_netdata.format import tokens as tk
+from maxtext_netdata.input_pipeline import rng
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
-# Tokens of a measurement without timestamp (SPEC §2) and a timestamp's mean cost by mode.
-_BASE_LENGTH = {4: 14, 6: 38}
-_FAILED_SAVING = 2
-_DELTA1_LENGTH, _DELTA4_LENGTH = 2, 5
-
-
-def splitmix64(x: np.ndarray) -> np.ndarray:
-  """The splitmix64 finalizer of uint64 array `x` (a bijection with good avalanche).
-
-  Array arithmetic wraps modulo 2**64 (numpy warns only for scalars, so callers pass arrays).
-  """
-  z = x + _GOLDEN
-  z = (z ^ (z >> np.uint64(30))) * _M1
-  z = (z ^ (z >> np.uint64(27))) * _M2
-  return z ^ (z >> np.uint64(31))
-
-
-def stream_key(seed: int, epoch: int, purpose: int) -> np.ndarray:
-  """A uint64 [1] key naming one stream of draws of one (seed, epoch)."""
-  key = np.zeros(1, dtype=np.uint64)
-  for part in (seed, epoch, purpose):
-    key = splitmix64(key ^ np.array([part & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
-  return key
-
-
-def random_bits(key: np.ndarray, row, context=0, index=0) -> np.ndarray:
-  """uint64 random bits of `key` at each (row, context, index) of the broadcast arguments.
-
-  The three counters are packed into one word (row < 2**40, context and index < 2**12: a row
-  has far fewer contexts, a context far fewer measurements) and hashed once, so the result is
-  a pure function of the key and the counter values.
-  """
-  counter = np.asarray(row, dtype=np.uint64) << np.uint64(24)
-  counter |= np.asarray(context, dtype=np.uint64) << np.uint64(12)
-  counter |= np.asarray(index, dtype=np.uint64)
-  return splitmix64(counter ^ key)
-
-
-def fraction(bits: np.ndarray, field: int) -> np.ndarray:
-  """float64 in [0, 1) from 21-bit field `field` (0, 1 or 2) of uint64 random bits."""
-  shifted = bits >> np.uint64(_FIELD_BITS * field)
-  return (shifted & np.uint64((1 << _FIELD_BITS) - 1)).astype(np.float64) * 2.0**-_FIELD_BITS
-
-
-def _permutation(key: np.uint64, n: int) -> np.ndarray:
-  """A seeded permutation of range(n): sort by random bits."""
-  return np.argsort(random_bits(key, np.arange(n)), kind="stable")
+# A timestamp's mean cost by mode, from the block lengths (SPEC §2).
+_DELTA1_LENGTH = tk.TS_BLOCK_LENGTH[tk.TS_DELTA1]
+_DELTA4_LENGTH = tk.TS_BLOCK_LENGTH[tk.TS_DELTA4]
+_FAILED_SAVING = tk.RESULT_BLOCK_LENGTH[False] - tk.RESULT_BLOCK_LENGTH[True]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +89,11 @@ def probe_stats(store, mode_weights, chunk_rows: int = 1 << 24) -> ProbeStats:
   long_gap_sum = np.diff(gap_cum)
   safe = np.maximum(counts, 1)
   version = np.asarray(store.probe_version)
-  base = np.where(version == 4, _BASE_LENGTH[4], _BASE_LENGTH[6]).astype(np.float64)
+  base = np.where(
+    version == 4,
+    tk.measurement_length(4, False, tk.TS_NONE),
+    tk.measurement_length(6, False, tk.TS_NONE),
+  ).astype(np.float64)
   long_share = long_gap_sum / safe
   stamp = _DELTA1_LENGTH + (_DELTA4_LENGTH - _DELTA1_LENGTH) * long_share
   mean = base - _FAILED_SAVING * failed_sum / safe + stamped * stamp
@@ -143,18 +102,18 @@ def probe_stats(store, mode_weights, chunk_rows: int = 1 << 24) -> ProbeStats:
 
 @dataclasses.dataclass(frozen=True)
 class EpochPlan:
-  """The rows of one epoch, each a list of contexts.
+  """The plan rows of one epoch, each a list of contexts.
 
-  Row `u` (in plan order) has contexts [unit_offsets[u], unit_offsets[u+1]); context c reads
-  probe `ctx_probe[c]` from store row `ctx_start[c]` up to (not including) `ctx_end[c]`.
+  Plan row `p` has contexts [context_offsets[p], context_offsets[p+1]); context c reads probe
+  `context_probe[c]` from store row `context_start[c]` up to (not including) `context_end[c]`.
   `order[i]` is the plan row at stream position i of the epoch.
   """
 
-  unit_offsets: np.ndarray  # int64 [U+1]
-  ctx_probe: np.ndarray  # int64 [C]
-  ctx_start: np.ndarray  # int64 [C]
-  ctx_end: np.ndarray  # int64 [C]
-  order: np.ndarray  # int64 [U]
+  context_offsets: np.ndarray  # int64 [R+1]
+  context_probe: np.ndarray  # int64 [C]
+  context_start: np.ndarray  # int64 [C]
+  context_end: np.ndarray  # int64 [C]
+  order: np.ndarray  # int64 [R]
 
   @property
   def num_rows(self) -> int:
@@ -167,7 +126,7 @@ def pieces(stats: ProbeStats, seq_len: int, key: np.uint64):
   counts = np.diff(offsets)
   probes = np.arange(stats.num_probes)
   stride = np.maximum(1, np.floor(seq_len / stats.mean_length)).astype(np.int64)
-  jitter = (random_bits(key, probes) % stride.astype(np.uint64)).astype(np.int64)
+  jitter = (rng.random_bits(key, probes) % stride.astype(np.uint64)).astype(np.int64)
   fits = counts >= stride
   jitter = np.where(fits, jitter, 0)
   num_long = np.where(fits, (counts - jitter) // stride, 0)
@@ -214,13 +173,13 @@ def plan_epoch(
 ) -> EpochPlan:
   """The plan of one epoch (see the module docstring)."""
   long_probe, long_start, _, short_probe, short_start, short_end = pieces(
-    stats, seq_len, stream_key(seed, epoch, JITTER)
+    stats, seq_len, rng.stream_key(seed, epoch, rng.JITTER)
   )
   long_end = stats.offsets[long_probe + 1]  # long contexts fill up to the probe end
   num_short = len(short_probe)
   if packing and num_short:
     if shuffle:
-      visit = _permutation(stream_key(seed, epoch, PACK_ORDER), num_short)
+      visit = rng.permutation(rng.stream_key(seed, epoch, rng.PACK_ORDER), num_short)
     else:
       visit = np.arange(num_short)
     estimate = (short_end - short_start) * stats.mean_length[short_probe]
@@ -231,21 +190,21 @@ def plan_epoch(
   else:
     short_order = np.arange(num_short)
     short_counts = np.ones(num_short, dtype=np.int64)
-  ctx_probe = np.concatenate([long_probe, short_probe[short_order]])
-  ctx_start = np.concatenate([long_start, short_start[short_order]])
-  ctx_end = np.concatenate([long_end, short_end[short_order]])
-  unit_sizes = np.concatenate([np.ones(len(long_probe), dtype=np.int64), short_counts])
-  unit_offsets = np.zeros(len(unit_sizes) + 1, dtype=np.int64)
-  np.cumsum(unit_sizes, out=unit_offsets[1:])
-  num_units = len(unit_sizes)
+  context_probe = np.concatenate([long_probe, short_probe[short_order]])
+  context_start = np.concatenate([long_start, short_start[short_order]])
+  context_end = np.concatenate([long_end, short_end[short_order]])
+  row_sizes = np.concatenate([np.ones(len(long_probe), dtype=np.int64), short_counts])
+  context_offsets = np.zeros(len(row_sizes) + 1, dtype=np.int64)
+  np.cumsum(row_sizes, out=context_offsets[1:])
+  num_plan_rows = len(row_sizes)
   if shuffle:
-    order = _permutation(stream_key(seed, epoch, SHUFFLE), num_units)
+    order = rng.permutation(rng.stream_key(seed, epoch, rng.SHUFFLE), num_plan_rows)
   else:
-    order = np.argsort(ctx_start[unit_offsets[:-1]], kind="stable")
+    order = np.argsort(context_start[context_offsets[:-1]], kind="stable")
   return EpochPlan(
-    unit_offsets=unit_offsets,
-    ctx_probe=ctx_probe.astype(np.int64),
-    ctx_start=ctx_start.astype(np.int64),
-    ctx_end=ctx_end.astype(np.int64),
+    context_offsets=context_offsets,
+    context_probe=context_probe.astype(np.int64),
+    context_start=context_start.astype(np.int64),
+    context_end=context_end.astype(np.int64),
     order=order.astype(np.int64),
   )

@@ -1,10 +1,17 @@
-"""Host batches from the batch builder (input_pipeline/sequences.py) and ShiftData."""
+"""Host batches from the batch builder (input_pipeline/sequences.py, batch_kernel.py) and
+ShiftData."""
 
 from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pipeline_helpers
 import pytest
+import reference_batches
 
 from maxtext_netdata.format import tokenizer
 from maxtext_netdata.format import tokens as tk
@@ -35,8 +42,44 @@ def builder(store, **overrides) -> BatchBuilder:
 
 
 def build(b: BatchBuilder, step: int, lo: int = 0, hi: int | None = None):
-  gathered = b.gather(step, lo, b.global_batch_size if hi is None else hi)
-  return b.build(gathered), b.layout(gathered)
+  """The kernel's batch and the reference's layout, which describes it: both are checked equal."""
+  hi = b.global_batch_size if hi is None else hi
+  batch = b.build(b.gather(step, lo, hi))
+  expected, layout = reference_batches.build(b, reference_batches.gather(b, step, lo, hi))
+  for key in INPUT_KEYS:
+    assert (batch[key] == expected[key]).all(), key
+  return batch, layout
+
+
+@pytest.mark.parametrize(
+  "overrides",
+  [
+    dict(),
+    dict(packing=False),
+    dict(field_order="fixed", mode_weights=(0.0, 1.0, 0.0)),
+    dict(field_order="hashed", mode_weights=(1.0, 0.0, 0.0), seq_len=1024),
+    dict(field_order="hashed", mode_weights=(0.0, 0.0, 1.0), shuffle=False),
+    dict(seq_len=2048, packing=False, mode_weights=(0.2, 0.6, 0.2), seed=9),
+    dict(seq_len=47),
+  ],
+  ids=["default", "unpacked", "partial", "full-hashed", "none-unshuffled", "long", "shortest"],
+)
+def test_kernel_matches_the_numpy_reference(store, overrides):
+  """The compiled pass writes exactly the batch of the plain whole-batch numpy reference,
+  and its fused ShiftData exactly `shift_data` of its inputs."""
+  b = builder(store, global_batch_size=16, num_epoch=-1, **overrides)
+  for step in (0, 1, b.steps_per_epoch + 2):
+    rows = b.gather(step, 0, 16)
+    expected, _ = reference_batches.build(b, reference_batches.gather(b, step, 0, 16))
+    expected = shift_data(expected)
+    shifted = b.build_shifted(rows)
+    inputs = b.build(rows)
+    assert tuple(shifted) == KEYS and tuple(inputs) == INPUT_KEYS
+    for key in KEYS:
+      assert shifted[key].dtype == np.int32 and shifted[key].shape == (16, b.seq_len)
+      assert (shifted[key] == expected[key]).all(), (step, key)
+    for key in INPUT_KEYS:
+      assert (inputs[key] == expected[key]).all(), (step, key)
 
 
 @pytest.mark.parametrize("packing", [True, False])
@@ -110,15 +153,40 @@ def test_rows_are_independent_of_how_the_batch_is_split(store):
         assert (np.concatenate([p[key] for p in parts]) == whole[key]).all(), (key, processes)
 
 
-def test_same_config_same_batches_new_epoch_new_batches(store):
-  a, _ = build(builder(store), 2)
-  b, _ = build(builder(store), 2)
-  assert all((a[k] == b[k]).all() for k in INPUT_KEYS)
+_DIGEST_SCRIPT = """
+import hashlib, sys
+from maxtext_netdata.data import store as store_lib
+from maxtext_netdata.input_pipeline.sequences import KEYS, BatchBuilder
+b = BatchBuilder(store_lib.PreparedStore(sys.argv[1]), seq_len=256, global_batch_size=8, seed=0,
+  packing=True, shuffle=True, mode_weights=(0.4, 0.3, 0.3), field_order="random", num_epoch=2)
+for step in (2, 2 + b.steps_per_epoch):
+  batch = b.build_shifted(b.gather(step, 0, 8))
+  print(hashlib.sha256(b"".join(batch[k].tobytes() for k in KEYS)).hexdigest())
+"""
+
+
+def test_same_config_same_batches_in_another_process(store):
+  """A fresh process (other hash seed, other memory) builds the same batches: no draw depends
+  on process state, and the kernel writes every element of its uninitialized outputs."""
+  env = {**os.environ, "PYTHONHASHSEED": "12345"}
+  result = subprocess.run(
+    [sys.executable, "-c", _DIGEST_SCRIPT, store.path],
+    capture_output=True,
+    text=True,
+    env=env,
+    check=True,
+    timeout=120,
+  )
+  b = builder(store, num_epoch=2)
+  here = []
+  for step in (2, 2 + b.steps_per_epoch):
+    _ = np.full((8, SEQ_LEN), 7, np.int32)  # leave other values in freed memory
+    batch = b.build_shifted(b.gather(step, 0, 8))
+    here.append(hashlib.sha256(b"".join(batch[k].tobytes() for k in KEYS)).hexdigest())
+  assert result.stdout.split() == here
+  assert here[0] != here[1], "a new epoch gives new batches"
   other_seed, _ = build(builder(store, seed=1), 2)
-  assert not (other_seed["inputs"] == a["inputs"]).all()
-  b2 = builder(store, num_epoch=2)
-  next_epoch, _ = build(b2, 2 + b2.steps_per_epoch)
-  assert not (next_epoch["inputs"] == a["inputs"]).all()
+  assert not (other_seed["inputs"] == b.build(b.gather(2, 0, 8))["inputs"]).all()
 
 
 def reference_shift(batch):
@@ -210,3 +278,24 @@ def test_sequences_shorter_than_a_measurement_are_refused(store):
 
   with pytest.raises(ConfigError, match="max_target_length=40"):
     builder(store, seq_len=40)
+
+
+def test_sequences_whose_draws_would_collide_are_refused(store):
+  """Past MAX_SEQ_LEN a row's context or measurement counter could reach rng.COUNTER_LIMIT,
+  where packed counters collide (and draws repeat silently): refused with the reason."""
+  from maxtext_netdata.config import ConfigError
+  from maxtext_netdata.input_pipeline import rng, sequences
+
+  longest = sequences.MAX_SEQ_LEN
+  # The most contexts a row can hold (each takes a shortest measurement) plus the fillers,
+  # and the most measurements of a context, stay below the limit at MAX_SEQ_LEN ...
+  assert longest // tk.SHORTEST_MEASUREMENT[4] + sequences.FILLERS <= rng.COUNTER_LIMIT
+  # ... and one more token would allow one counter more.
+  assert (longest + 1) // tk.SHORTEST_MEASUREMENT[4] + sequences.FILLERS > rng.COUNTER_LIMIT
+  with pytest.raises(ConfigError, match=f"max_target_length={longest + 1} is above {longest}"):
+    builder(store, seq_len=longest + 1)
+  with pytest.raises(ConfigError, match="max_target_length=49152"):
+    builder(store, seq_len=49152)
+  b = builder(store, seq_len=longest, global_batch_size=1, num_epoch=-1)
+  batch = b.build_shifted(b.gather(0, 0, 1))
+  assert (batch["inputs"] != tk.PAD).any()
