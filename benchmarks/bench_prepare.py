@@ -1,11 +1,16 @@
-"""Benchmark of `prepare`: rows per second per core and peak memory per raw row.
+"""Benchmark of `prepare`, then of loading from its store.
 
     python benchmarks/bench_prepare.py [--rows 2000000] [--shards 8] [--data DIR] [--hashed]
+        [--keep DIR] [--load-steps 20] [--workers 2]
 
-Generates `--rows` realistic raw rows (reused from `--data` when already there), then
-prepares them from scratch in a fresh child process, so that its peak RSS is prepare's own,
-and prints one line per figure. CPU seconds include pyarrow's decode threads: "rows per
-CPU-second" is the per-core rate.
+Generates `--rows` realistic raw rows (reused from `--data` when already there), prepares
+them from scratch in a fresh child process, so that its peak RSS is prepare's own, and
+prints wall time, rows per CPU-second, peak RSS and store bytes per row. CPU seconds include
+pyarrow's decode threads: "rows per CPU-second" is the per-core rate. Then a second child
+loads `--load-steps` batches of `configs/latency_network.yml` from that store with
+`--workers` Grain workers and prints the first batch's time, real (non-padding) tokens per
+second and each worker's RSS and USS (USS: its own pages, without the store's shared page
+cache).
 """
 
 from __future__ import annotations
@@ -63,16 +68,77 @@ def _child(data_dir: str, prepared_dir: str, hashed: bool) -> None:
   )
 
 
+def _load_child(data_dir: str, prepared_dir: str, steps: int, workers: int) -> None:
+  """Load `steps` batches from the prepared store and print the figures as one JSON line."""
+  import numpy as np  # noqa: PLC0415
+  import psutil  # noqa: PLC0415
+  from absl import flags  # noqa: PLC0415
+
+  from maxtext_netdata import config  # noqa: PLC0415
+  from maxtext_netdata.data import prepare  # noqa: PLC0415
+  from maxtext_netdata.input_pipeline import network_grain  # noqa: PLC0415
+  from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: PLC0415
+
+  flags.FLAGS.mark_as_parsed()  # Grain's workers read its flags; this script sets none
+  root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+  cfg = config.load(
+    os.path.join(root, "configs", "latency_network.yml"),
+    [
+      f"grain_train_files={data_dir}",
+      f"network_prepared_dir={prepared_dir}",
+      f"grain_worker_count={workers}",
+      "global_batch_size_to_load=8",
+    ],
+  )
+  start = time.perf_counter()
+  splits = prepare.ensure_prepared(cfg, progress=False)
+  builder = BatchBuilder.from_config(cfg, splits.train, 8)
+  iterator = network_grain.make_iterator(cfg, builder, 0, 8, builder.num_steps)
+  first = None
+  tokens = 0
+  for step in range(steps):
+    batch = next(iterator)
+    if step == 0:
+      first = time.perf_counter() - start
+      after_first = time.perf_counter()
+    else:
+      tokens += int(np.count_nonzero(batch["targets_segmentation"]))
+  seconds = time.perf_counter() - after_first
+  children = psutil.Process().children(recursive=True)
+  workers_mem = [(c.memory_info().rss, c.memory_full_info().uss) for c in children]
+  print(
+    json.dumps(
+      {
+        "first_batch_s": first,
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "main_rss": psutil.Process().memory_info().rss,
+        "workers": workers_mem,
+      }
+    ),
+    flush=True,
+  )
+  close = getattr(iterator, "close", None)
+  if close is not None:
+    close()  # stops the workers and frees their shared memory
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rows", type=int, default=2_000_000, help="raw rows (default 2M)")
   parser.add_argument("--shards", type=int, default=8, help="raw files (default 8)")
   parser.add_argument("--data", help="folder for the raw files (reused if they match)")
   parser.add_argument("--hashed", action="store_true", help="also store the hashed field order")
+  parser.add_argument("--keep", help="prepare into this folder and keep the store")
+  parser.add_argument("--load-steps", type=int, default=20, help="batches to load (0: none)")
+  parser.add_argument("--workers", type=int, default=2, help="Grain workers while loading")
   parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+  parser.add_argument("--load-child", nargs=2, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.child:
     _child(*args.child, args.hashed)
+    return 0
+  if args.load_child:
+    _load_child(*args.load_child, args.load_steps, args.workers)
     return 0
 
   from maxtext_netdata.data import generate  # noqa: PLC0415
@@ -94,11 +160,20 @@ def main() -> int:
       for n in os.listdir(data_dir)
       if n.endswith(".parquet")
     )
-    command = [sys.executable, __file__, "--child", data_dir, os.path.join(tmp, "prepared")]
+    prepared = args.keep or os.path.join(tmp, "prepared")
+    command = [sys.executable, __file__, "--child", data_dir, prepared]
     if args.hashed:
       command.append("--hashed")
     result = subprocess.run(command, check=True, capture_output=True, text=True)
     figures = json.loads(result.stdout.strip().splitlines()[-1])
+    loading = None
+    if args.load_steps > 0 and not args.hashed:
+      command = [sys.executable, __file__, "--load-child", data_dir, prepared]
+      command += [f"--load-steps={args.load_steps}", f"--workers={args.workers}"]
+      result = subprocess.run(
+        command, check=True, capture_output=True, text=True, start_new_session=True
+      )
+      loading = json.loads(result.stdout.strip().splitlines()[-1])
 
   rows = figures["rows"]
   grown = figures["peak_rss"] - figures["baseline_rss"]
@@ -116,6 +191,14 @@ def main() -> int:
     f" ({grown / 2**20:,.0f} MiB above the imports: {grown / rows:.1f} bytes/row)"
   )
   print(f"store on disk         {figures['store_bytes'] / rows:.1f} bytes/row")
+  if loading:
+    print(f"first batch           {loading['first_batch_s']:.2f} s (store opened, workers started)")
+    print(
+      f"real tokens/s         {loading['tokens_per_s']:,.0f} ({args.load_steps - 1} batches of 8)"
+    )
+    print(f"main process RSS      {loading['main_rss'] / 2**20:,.0f} MiB")
+    for k, (rss, uss) in enumerate(loading["workers"]):
+      print(f"worker {k} RSS / USS    {rss / 2**20:,.0f} / {uss / 2**20:,.0f} MiB")
   return 0
 
 

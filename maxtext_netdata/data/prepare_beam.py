@@ -44,7 +44,7 @@ def runner(beam_args: list[str]):
         | "files" >> beam.Create(list(enumerate(files)))
         | "read and partition" >> beam.FlatMap(_read_and_partition, options, settings, reports_dir)
         | "group by bucket" >> beam.GroupByKey()
-        | "sort and write" >> beam.MapTuple(_sort_and_write, pieces_dir)
+        | "sort and write" >> beam.Map(_sort_and_write, pieces_dir)
       )
     report = prepare._ReadReport()
     for name in sorted(os.listdir(reports_dir)):
@@ -83,6 +83,7 @@ def _read_and_partition(indexed, options, settings, reports_dir):
     json.dump(result, f)
 
 
-def _sort_and_write(bucket, chunk_bytes, pieces_dir):
+def _sort_and_write(grouped, pieces_dir):
+  bucket, chunk_bytes = grouped
   chunks = [shards.Chunk.from_bytes(data) for data in chunk_bytes]
   return prepare.sort_and_write(int(bucket), chunks, pieces_dir)

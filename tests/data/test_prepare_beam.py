@@ -1,0 +1,71 @@
+"""prepare on Apache Beam's DirectRunner builds the built-in runner's store, byte for byte."""
+
+import glob
+import os
+
+import pytest
+
+from maxtext_netdata import cli, config
+from maxtext_netdata.data import prepare, shards
+from maxtext_netdata.data.generate import generate
+
+beam = pytest.importorskip("apache_beam")  # the `beam` extra (scripts/test.sh installs it)
+
+from maxtext_netdata.data import prepare_beam  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def raw_files(tmp_path_factory):
+  return generate(
+    str(tmp_path_factory.mktemp("raw")), rows=20_000, shards=3, seed=2, progress=False
+  )
+
+
+def make_config(prepared_dir, files, *overrides):
+  return config.load(
+    None,
+    [f"grain_train_files={','.join(files)}", f"network_prepared_dir={prepared_dir}", *overrides],
+  )
+
+
+def store_files(root: str) -> dict[str, bytes]:
+  out = {}
+  for path in sorted(glob.glob(os.path.join(root, "*", "*"))):
+    with open(path, "rb") as f:
+      out[os.path.relpath(path, root)] = f.read()
+  return out
+
+
+@pytest.mark.parametrize("overrides", [(), ("network_split=time",)], ids=["probe", "time"])
+def test_beam_direct_runner_builds_the_builtin_store(tmp_path, raw_files, monkeypatch, overrides):
+  monkeypatch.setattr(shards, "MAX_BUCKET_ROWS", 3_000)  # 7 buckets: a real GroupByKey
+  builtin = prepare.prepare(make_config(tmp_path / "a", raw_files, *overrides), progress=False)
+  on_beam = prepare.prepare(
+    make_config(tmp_path / "b", raw_files, *overrides),
+    progress=False,
+    runner=prepare_beam.runner(["--runner=DirectRunner", "--direct_num_workers=1"]),
+  )
+  a, b = store_files(builtin.summary["path"]), store_files(on_beam.summary["path"])
+  assert a.keys() == b.keys() and "train/dst.npy" in a
+  for name in a:
+    assert a[name] == b[name], name
+  assert on_beam.summary["rows_read"] == builtin.summary["rows_read"] == 20_000
+  assert on_beam.summary["probes"] == builtin.summary["probes"]
+  assert os.listdir(tmp_path / "b") == [os.path.basename(on_beam.summary["path"])]
+
+
+def test_cli_runs_beam_with_pipeline_options_after_the_separator(tmp_path, raw_files, capsys):
+  code = cli.main(
+    [
+      "prepare",
+      os.path.join(os.path.dirname(config.__file__), "..", "configs", "base.yml"),
+      f"grain_train_files={','.join(raw_files)}",
+      f"network_prepared_dir={tmp_path}",
+      "--runner",
+      "beam",
+      "--",
+      "--runner=DirectRunner",
+    ]
+  )
+  assert code == 0
+  assert "20,000 of 20,000 read" in capsys.readouterr().out
