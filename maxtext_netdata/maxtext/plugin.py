@@ -15,8 +15,11 @@ unknown config keys are rejected, and the input pipeline dispatches on a fixed t
   `MultiHostDataLoadIterator`, as MaxText's own Grain pipeline does.
 - checkpoints: MaxText saves and restores the data iterator only for `dataset_type == "grain"`;
   `checkpointing.save_checkpoint` and `load_state_if_possible` see `network_grain` as `grain`,
-  so the Grain iterator state goes into each checkpoint's `iter` item and a restart continues
-  with exactly the next batch.
+  so the data position (`network_grain.POSITION_FORMAT`: next global step and what identifies
+  the data) goes into each checkpoint's `iter` item and a restart continues with exactly the
+  next batch, whatever `grain_worker_count` / `grain_num_threads` either run used.
+- processes: the train iterator's Grain workers start at its first batch; the eval iterator
+  loads in-process, and each MaxText `reset()` closes the iterator it replaces.
 - metrics: each training step's scalars (TensorBoard, `metrics_file`) gain
   `perf/data_wait_seconds` (time the step waited for its batch) and
   `learning/padding_fraction` (share of this host's target slots that are padding).
@@ -28,6 +31,7 @@ import copy
 import functools
 import importlib.metadata
 import inspect
+import json
 import math
 import re
 import time
@@ -199,8 +203,8 @@ def _make_iterator_class(multihost_dataloading):
   class NetworkDataLoadIterator(multihost_dataloading.MultiHostDataLoadIterator):
     """MaxText's multi-host iterator over our host batches, timing each and measuring padding.
 
-    `local_iterator` is our Grain DatasetIterator, which MaxText's checkpointing saves and
-    restores (`get_state`/`set_state`).
+    `local_iterator` is our `_PositionIterator`, whose data position MaxText's checkpointing
+    saves and restores (`get_state`/`set_state`).
     """
 
     def __init__(self, dataloader, global_mesh, feed: _Feed | None):
@@ -219,20 +223,61 @@ def _make_iterator_class(multihost_dataloading):
   return NetworkDataLoadIterator
 
 
-class _HostBatches:
-  """Iterable of our Grain host batches: each `iter()` starts a fresh Grain iterator at step 0.
+class _PositionIterator:
+  """A `network_grain.HostBatchIterator` whose state is the data position as JSON bytes.
 
-  MaxText's `reset()` re-iterates its dataloader before every eval, so the eval iterator must be
-  re-iterable.
+  MaxText's Grain checkpointing (`grain_utility.GrainCheckpointable`) writes
+  `get_state().decode()` and restores with `set_state(text.encode())` for any iterator that is
+  not a Grain `DatasetIterator`, into the same `process_<i>-of-<n>.json` files.
   """
 
-  def __init__(self, config, builder, lo: int, hi: int, num_steps: int | None):
+  def __init__(self, iterator):
+    self._iterator = iterator
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    return next(self._iterator)
+
+  def get_state(self) -> bytes:
+    return json.dumps(self._iterator.get_state(), indent=2).encode()
+
+  def set_state(self, state: bytes) -> None:
+    self._iterator.set_state(json.loads(state))
+
+  def close(self) -> None:
+    self._iterator.close()
+
+
+class _HostBatches:
+  """Iterable of our host batches: each `iter()` starts at step 0 and closes the previous one.
+
+  MaxText's `reset()` re-iterates its dataloader before every eval and drops the old iterator
+  without closing it; closing it here ends its read threads (and, for train, its workers).
+  Eval (`in_process`) never starts worker processes: a few batches per eval would not repay
+  their start.
+  """
+
+  def __init__(self, config, builder, lo: int, hi: int, num_steps: int | None, split: str):
     self._args = (config, builder, lo, hi, num_steps)
+    self._split = split
+    self._current: _PositionIterator | None = None
 
   def __iter__(self):
     from maxtext_netdata.input_pipeline import network_grain  # noqa: PLC0415
 
-    return network_grain.make_iterator(*self._args)
+    self.close()
+    local = network_grain.HostBatchIterator(
+      *self._args, split=self._split, in_process=self._split != "train"
+    )
+    self._current = _PositionIterator(local)
+    return self._current
+
+  def close(self) -> None:
+    if self._current is not None:
+      self._current.close()
+      self._current = None
 
 
 def _make_create_data_iterator(interface, original, iterator_class):
@@ -266,13 +311,14 @@ def _make_create_data_iterator(interface, original, iterator_class):
         )
         if is_training:
           builder = BatchBuilder.from_config(ours, store, batch_size)
-          batches = _HostBatches(ours, builder, lo, hi, builder.num_steps)
+          batches = _HostBatches(ours, builder, lo, hi, builder.num_steps, "train")
           return iterator_class(batches, host_mesh, _TRAIN_FEED)
         builder = BatchBuilder.from_config(ours, store, batch_size, num_epoch=1)
         steps = builder.steps_per_epoch
         if config.eval_steps > 0:
           steps = min(steps, config.eval_steps)
-        return iterator_class(_HostBatches(ours, builder, lo, hi, steps), host_mesh, None)
+        batches = _HostBatches(ours, builder, lo, hi, steps, "eval")
+        return iterator_class(batches, host_mesh, None)
 
       return interface.create_process_specific_iterator(
         config, mesh, processes, make, is_training=is_training

@@ -3,13 +3,16 @@
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl import flags
 from train_helpers import IndexedBatches
 
 from maxtext_netdata import config
@@ -32,6 +35,13 @@ TINY_MODEL = [
   "learning_rate=1e-2",
   "log_period=5",
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def absl_flags_parsed():
+  """This module is an entry point: Grain's worker start reads absl flags."""
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -127,43 +137,91 @@ def test_smoke_model_learns_from_the_sample_data(tmp_path, sample_dir):
   assert summary["eval_rtt_loss"] < losses[0]  # RTT bytes: learnt, if not yet past the unigram
 
 
-def test_resumed_run_sees_the_same_batches_and_losses(tmp_path):
-  common = ["learning_rate_schedule_steps=8", "checkpoint_period=4", "enable_tensorboard=false"]
-  whole_digests, resumed_digests = [], []
-  whole = _run(_config(tmp_path, "run_name=whole", "steps=8", *common), whole_digests)
-  _run(_config(tmp_path, "run_name=resumed", "steps=4", *common), resumed_digests)
-  assert len(resumed_digests) == 4
-  resumed = _run(_config(tmp_path, "run_name=resumed", "steps=8", *common), resumed_digests)
-
-  assert resumed["steps"] == 4  # only steps 4..7 ran after the restart
-  assert resumed_digests == whole_digests
-  assert len(set(whole_digests)) == 8
-  assert _losses(resumed) == _losses(whole)  # bit-identical on CPU, every step
-
-
-@pytest.mark.slow
-def test_resume_with_the_network_grain_pipeline(tmp_path, sample_dir):
-  common = [
+def _pipeline_run(tmp_path, sample_dir, run_name, steps, workers, digests):
+  """A run of the real network_grain pipeline; records the digest of every batch it trains on."""
+  cfg = _config(
+    tmp_path,
     "dataset_type=network_grain",
     f"grain_train_files={sample_dir}/*.parquet",
     f"network_prepared_dir={tmp_path}/prepared",
-    "grain_worker_count=1",
+    f"grain_worker_count={workers}",
+    "grain_num_threads=2",
     "learning_rate_schedule_steps=6",
     "checkpoint_period=3",
+    "eval_interval=-1",
     "enable_tensorboard=false",
-  ]
+    f"run_name={run_name}",
+    f"steps={steps}",
+  )
+  train_iter, eval_iter = create_data_iterator(cfg, make_mesh(cfg))
+  return train.train(cfg, (Digesting(train_iter, digests), eval_iter))
 
-  def run(run_name, steps, digests):
-    cfg = _config(tmp_path, f"run_name={run_name}", f"steps={steps}", *common)
-    train_iter, eval_iter = create_data_iterator(cfg, make_mesh(cfg))
-    return train.train(cfg, (Digesting(train_iter, digests), eval_iter))
 
-  whole_digests, resumed_digests = [], []
-  whole = run("whole", 6, whole_digests)
-  run("resumed", 3, resumed_digests)
-  resumed = run("resumed", 6, resumed_digests)
-  assert resumed_digests == whole_digests and len(set(whole_digests)) == 6
-  assert _losses(resumed) == _losses(whole)
+def test_resumed_run_continues_the_pipeline_exactly(tmp_path, sample_dir):
+  """Cut after 3 of 6 steps and resumed: the batches and losses of the uninterrupted run."""
+  whole_digests, cut_digests = [], []
+  whole = _pipeline_run(tmp_path, sample_dir, "whole", 6, 0, whole_digests)
+  _pipeline_run(tmp_path, sample_dir, "cut", 3, 0, cut_digests)
+  resumed = _pipeline_run(tmp_path, sample_dir, "cut", 6, 0, cut_digests)
+  assert resumed["steps"] == 3  # only steps 3..5 ran after the restart
+  assert cut_digests == whole_digests and len(set(whole_digests)) == 6
+  assert _losses(resumed) == _losses(whole)  # bit-identical on CPU, every step
+  saved = json.loads((tmp_path / "cut/checkpoints/3/iter/process_0-of-1.json").read_text())
+  assert saved["format"] == "netdata-position-1" and saved["step"] == 3
+
+
+@pytest.mark.slow
+def test_resume_matrix_over_worker_counts(tmp_path, sample_dir):
+  """Saved with 0 or 2 workers, resumed with 0, 1 or 2: the batches and final loss of the
+  uninterrupted run."""
+  whole_digests = []
+  whole = _pipeline_run(tmp_path, sample_dir, "whole", 6, 0, whole_digests)
+  for saved_with in (0, 2):
+    saved_digests = []
+    _pipeline_run(tmp_path, sample_dir, f"saved{saved_with}", 3, saved_with, saved_digests)
+    assert saved_digests == whole_digests[:3]
+    for resumed_with in (0, 1, 2):
+      run_name = f"saved{saved_with}_resumed{resumed_with}"
+      shutil.copytree(tmp_path / f"saved{saved_with}", tmp_path / run_name)
+      digests = []
+      resumed = _pipeline_run(tmp_path, sample_dir, run_name, 6, resumed_with, digests)
+      assert digests == whole_digests[3:], run_name
+      assert resumed["final_loss"] == whole["final_loss"], run_name
+
+
+def test_the_loop_never_waits_for_the_step_it_dispatched(tmp_path, monkeypatch):
+  """Each step is made slow on the device (a long computation whose zero is added to the
+  loss); when the loop dispatches step n+1, step n's loss must still be computing. A loop that
+  reads step n's results before that (`float(loss)`, `jax.device_get`) finds them ready."""
+  previous_ready = []  # per dispatch after the first: was the previous step's loss ready?
+  original_init, original_step = train.Trainer.__init__, train.Trainer._train_step
+
+  def slow_step(self, state, batch):
+    new_state, metrics = original_step(self, state, batch)
+    start = jnp.full((384, 384), 0.01) * (1 + 0 * metrics["loss"])
+    busy = jax.lax.fori_loop(0, 150, lambda i, y: jnp.tanh(y @ y), start)
+    metrics["loss"] = metrics["loss"] + 0 * jnp.sum(busy)
+    return new_state, metrics
+
+  def init(self, config, mesh):
+    original_init(self, config, mesh)
+    step, dispatched = self.train_step, []
+
+    def recording_step(state, batch):
+      if dispatched:
+        previous_ready.append(dispatched[-1].is_ready())
+      new_state, metrics = step(state, batch)
+      dispatched.append(metrics["loss"])
+      return new_state, metrics
+
+    self.train_step = recording_step
+
+  monkeypatch.setattr(train.Trainer, "_train_step", slow_step)
+  monkeypatch.setattr(train.Trainer, "__init__", init)
+  cfg = _config(tmp_path, "steps=5", "eval_interval=-1", "enable_checkpointing=false")
+  summary = train.train(cfg, (IndexedBatches(cfg, make_mesh(cfg)), None))
+  assert summary["steps"] == 5 and np.isfinite(summary["final_loss"])
+  assert previous_ready == [False] * 4
 
 
 def test_short_sequences_and_missing_files_fail_before_compiling(tmp_path):
