@@ -28,6 +28,9 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
+  # `prepare --runner beam`. Beam 2.77 needs pyarrow < 26 and numpy < 2.5, hence the
+  # pyarrow 25.x and numpy 2.4.x that constraints.txt pins for every extra.
+  "beam": ["apache-beam>=2.77,<2.78"],
   "test": [
     "pytest>=8,<10",
     "pytest-timeout>=2.3,<3",

@@ -4,6 +4,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 # shellcheck source=scripts/setup_env.sh
-source "$ROOT/scripts/setup_env.sh" test,maxtext
+source "$ROOT/scripts/setup_env.sh" test,maxtext,beam
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
 python -m pytest -q "$@"
