@@ -2,15 +2,17 @@
 
     MapDataset.range(num_steps)[step:]   global step index s, from the data position on
       .map(BuildBatch)                   host rows of global batch s: the three inputs arrays
+                                         (in-process: all six, ShiftData fused in the pass)
       .to_iter_dataset(ReadOptions)      in-process read threads and prefetch
       .mp_prefetch(MultiprocessingOptions)   only when grain_worker_count > 0
-      .map(ShiftData)                    the targets, shifted left (SPEC §4)
+      .map(ShiftData)                    with workers: the targets, shifted left (SPEC §4)
 
 A Grain element is a whole host batch: Grain's per-element cost (~5-7 us) is then paid once
 per batch, and each batch is built by one vectorized call. The graph holds only small
 parameters and the store's path (workers are spawned and get it cloudpickled); plans and
-store arrays are opened lazily in each process. ShiftData runs after the workers: the three
-targets arrays derive from the inputs in ~0.3 ms, cheaper than moving them between processes.
+store arrays are opened lazily in each process. With workers, ShiftData runs after them: the
+three targets arrays derive from the inputs in the main process faster than twice the bytes
+cross between processes (benchmarks/bench_pipeline.py measures both placements).
 
 A batch is a pure function of the global step, so `HostBatchIterator`'s state is the data
 position (`POSITION_FORMAT`: the next global step and what identifies the data), not Grain's
@@ -47,15 +49,18 @@ _GRAIN_WORKER_DIED = re.compile(
 
 
 class BuildBatch(grain.transforms.Map):
-  """Global step index -> the `inputs*` arrays of rows [lo, hi) of that global batch."""
+  """Global step index -> the `inputs*` arrays of rows [lo, hi) of that global batch, or
+  with `shifted` all six arrays (ShiftData included)."""
 
-  def __init__(self, builder: BatchBuilder, lo: int, hi: int):
+  def __init__(self, builder: BatchBuilder, lo: int, hi: int, shifted: bool = False):
     self.builder = builder
     self.lo = lo
     self.hi = hi
+    self.shifted = shifted
 
   def map(self, step: int) -> dict[str, np.ndarray]:
-    return self.builder.build(self.builder.gather(int(step), self.lo, self.hi))
+    rows = self.builder.gather(int(step), self.lo, self.hi)
+    return self.builder.build_shifted(rows) if self.shifted else self.builder.build(rows)
 
 
 def host_batch_bytes(rows: int, seq_len: int) -> int:
@@ -108,10 +113,13 @@ def worker_count(config, host_batch_bytes: int) -> int:
   return max(1, min(usable_cores(), affordable))
 
 
-def make_dataset(builder: BatchBuilder, lo: int, hi: int, num_steps: int | None):
-  """The MapDataset of the inputs of host batches (rows [lo, hi) of each global batch)."""
+def make_dataset(
+  builder: BatchBuilder, lo: int, hi: int, num_steps: int | None, *, shifted: bool = False
+):
+  """The MapDataset of the inputs of host batches (rows [lo, hi) of each global batch); of the
+  whole batches, ShiftData included, with `shifted`."""
   length = sys.maxsize if num_steps is None else num_steps
-  return grain.MapDataset.range(length).map(BuildBatch(builder, lo, hi))
+  return grain.MapDataset.range(length).map(BuildBatch(builder, lo, hi, shifted))
 
 
 def make_iterator(
@@ -127,7 +135,9 @@ def make_iterator(
   """The Grain iterator of host batches from global step `start`, with the worker processes
   of `grain_worker_count` unless `in_process` (they start at its first `next` or
   `start_prefetch`)."""
-  dataset = make_dataset(builder, lo, hi, num_steps)
+  batch_bytes = host_batch_bytes(hi - lo, builder.seq_len)
+  workers = 0 if in_process else worker_count(config, batch_bytes)
+  dataset = make_dataset(builder, lo, hi, num_steps, shifted=workers == 0)
   if start:
     dataset = dataset[start:]
   dataset = dataset.to_iter_dataset(
@@ -136,8 +146,6 @@ def make_iterator(
       prefetch_buffer_size=config.grain_prefetch_buffer_size,
     )
   )
-  batch_bytes = host_batch_bytes(hi - lo, builder.seq_len)
-  workers = 0 if in_process else worker_count(config, batch_bytes)
   if workers > 0:
     if not flags.FLAGS.is_parsed():
       # Grain reads its absl flags when it starts a worker; only an entry point may parse them.
@@ -151,7 +159,7 @@ def make_iterator(
         num_workers=workers, per_worker_buffer_size=config.grain_per_worker_buffer_size
       )
     )
-  return iter(dataset.map(ShiftData()))
+  return iter(dataset.map(ShiftData()) if workers > 0 else dataset)
 
 
 class WorkerError(UserError):
