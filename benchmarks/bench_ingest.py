@@ -4,7 +4,8 @@ Generates ping results with `generate --format ripe-json` (one ~410-byte JSON li
 result, firmware 5080 style, like the daily dumps), then times, for each input form:
 - `read+map`: the JSON reader and the mapping to rows alone (`ripe_json.rows_of_block` over
   the file's blocks), the part that scales with the input;
-- `ingest`: the whole command (read, map, sort, write the parquet shards).
+- `ingest`: the whole command (read, map, sort, write the parquet shards);
+and, for JSON lines, pyarrow's JSON reader alone on the same file (the ceiling).
 
 Per core = results / CPU seconds of this process (user + system, all threads), so the figure
 holds whatever the machine's core count and load; wall-clock rates are printed beside it.
@@ -20,6 +21,8 @@ import os
 import resource
 import tempfile
 import time
+
+import pyarrow.json as pj
 
 from maxtext_netdata.data import ingest, remote, ripe_json
 from maxtext_netdata.data.generate import generate
@@ -76,6 +79,11 @@ def main() -> None:
     print(
       f"{args.rows:,} results, {len(lines) / args.rows:.0f} bytes a line,"
       f" {os.cpu_count()} CPUs on this machine"
+    )
+    _, wall, cpu = _timed(lambda: pj.read_json(path, parse_options=ripe_json._PARSE))
+    print(
+      f"{'JSON lines':<12} pyarrow.json.read_json alone (the parser's ceiling):"
+      f" {args.rows / cpu / 1e6:.2f}M results/s per core ({len(lines) / cpu / 1e6:.0f} MB/s)"
     )
     _report("JSON lines", path, work)
     array = os.path.join(work, "array.json")
