@@ -362,3 +362,18 @@ def test_bench_loader_slower_than_target_is_the_bottleneck(tmp_path, raw_files, 
     expected = bench_report.STAGE_ADVICE[report["stages"]["slowest"]]
   assert expected in report["verdict"]["text"]
   assert report["verdict"]["text"] in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_profile_of_our_trainer(tmp_path, raw_files, capsys):
+  """`--profile` on our own config: the trace of the real run, read at our jitted step."""
+  args = ("grain_worker_count=0", "--steps=3", "--batches=3", "--profile")
+  assert _bench(tmp_path, raw_files, *args) == 0
+  report = _read_report(tmp_path / "smoke" / "bench" / "report.json")
+  profile = report["profile"]
+  assert profile["module"].endswith("train_step")
+  # 2 warm-up + 3 steps, the warm-up left out; the last run closes the last step.
+  assert [s["step"] for s in profile["steps"]] == [2, 3]
+  assert all(0 <= s["idle_share"] <= 1 for s in profile["steps"])
+  assert "Profile (2 steps, XLA threads of the CPU host)" in report["verdict"]["text"]
+  assert "profile " in capsys.readouterr().out
