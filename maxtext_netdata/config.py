@@ -190,7 +190,14 @@ def _model():
     )
 
     network_prepared_dir: Text = Field(
-      "", description="prepared store location; empty: <base_output_directory>/prepared"
+      "",
+      description="prepared store location (a folder, or gs:// / s3:// shared by every host);"
+      " empty: <base_output_directory>/prepared",
+    )
+    network_store_cache_dir: Text = Field(
+      "",
+      description="local folder for the copy of a gs:// / s3:// store;"
+      " empty: ~/.cache/maxtext_netdata/stores",
     )
     network_split: Literal["probe", "time"] = Field(
       "probe", description="probe: test set = probes by stable address hash; time: the latest rows"
@@ -211,10 +218,14 @@ def _model():
       1024, ge=256, description="memory prepare may use, whatever the row count (sets its buckets)"
     )
     network_remote_retries: int = Field(
-      5, description="attempts for a transient remote-storage error"
+      5,
+      description="S3: the SDK's attempts per request (AWS standard retry strategy, its own"
+      " backoff); GCS: sizes the retry window with network_remote_backoff_s",
     )
     network_remote_backoff_s: Real = Field(
-      0.5, description="first retry delay; doubles each attempt"
+      0.5,
+      description="GCS only: the client retries transient errors for"
+      " backoff_s x (2^network_remote_retries - 1) seconds",
     )
     network_s3_endpoint: Text = Field(
       "", description="S3-compatible endpoint URL; empty: AWS_ENDPOINT_URL or AWS default"
