@@ -84,7 +84,11 @@ def run(args) -> int:
       ]
     real = trainer.train("real", extra)
     if args.profile:
-      profile = bench_profile.analyze(bench_profile.find_xplane(out / "real"), "train_step")
+      profile = bench_profile.analyze(
+        bench_profile.find_xplane(out / "real"),
+        "train_step",
+        first_step=benchmark.WARMUP_STEPS,
+      )
 
   if args.target_step_time is not None:
     target = {"step_time_s": args.target_step_time, "source": "--target-step-time"}

@@ -78,7 +78,12 @@ def find_xplane(log_dir: str | os.PathLike) -> Path:
   return found[-1]
 
 
-def analyze(xplane: str | os.PathLike, step_module: str | None = None, skip_steps: int = 0) -> dict:
+def analyze(
+  xplane: str | os.PathLike,
+  step_module: str | None = None,
+  skip_steps: int = 0,
+  first_step: int = 0,
+) -> dict:
   """Idle share per step, the gaps and what the host did in them, from one trace file.
 
   Args:
@@ -86,6 +91,8 @@ def analyze(xplane: str | os.PathLike, step_module: str | None = None, skip_step
     step_module: a substring of the XLA module name of the step (`train_step`); by default the
       module that ran twice or more with the most accelerator time.
     skip_steps: leading steps left out (compilation, a first step still filling the queue).
+    first_step: the training step of the trace's first run of the step (a profiler started
+      late), for the step numbers of the report.
 
   Returns:
     The report's `profile` section: `source` (device tracks or CPU XLA threads), `module`,
@@ -121,7 +128,7 @@ def analyze(xplane: str | os.PathLike, step_module: str | None = None, skip_step
   read_events = [(e.start_ns, e.end_ns) for e in python if _READ_EVENT.search(e.name)]
 
   steps, gap_list = [], []
-  for number, (lo, hi) in enumerate(periods, start=skip_steps):
+  for number, (lo, hi) in enumerate(periods, start=first_step + skip_steps):
     idle = _complement(busy, lo, hi)
     step_gaps = []
     for a, b in idle:

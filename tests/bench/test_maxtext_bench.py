@@ -93,6 +93,7 @@ def test_grain_parquet_sentencepiece_verdict_report_plot_and_profile(tmp_path, c
     assert report["verdict"]["kind"] != bench_report.BOTTLENECK
   profile = report["profile"]
   assert profile["module"].endswith("train_step") and len(profile["steps"]) >= 2
+  assert profile["steps"][0]["step"] == 2  # MaxText's profiler starts after the warm-up
   assert profile["source"] == "XLA threads of the CPU host"
   assert "Profile (" in report["verdict"]["text"]
   assert (tmp_path / "bench" / "report.png").stat().st_size > 10_000
