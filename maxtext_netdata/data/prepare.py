@@ -2,7 +2,7 @@
 
     maxtext-netdata prepare CONFIG [key=value ...] [--force] [--runner beam [-- BEAM OPTIONS]]
 
-Reads `grain_train_files` (and `grain_eval_files` if set) through `data.remote`, validates
+Reads `grain_train_files` (and `grain_eval_files` if set) through `data.raw_reader`, validates
 every row (`data.schema`), partitions the rows by probe hash into buckets spilled to local
 files, sorts one bucket at a time into a piece and assembles the pieces into
 `<prepared_dir>/<fingerprint>/{train,test[,eval]}/` (`data.shards`, `data.assemble`,
@@ -14,7 +14,8 @@ fingerprint is opened instead of rebuilt. One process builds a store at a time (
 beside it; the others wait, then open it). A store is built in a temporary directory and
 renamed into place once complete, with the summary (`meta.json`) written last: a prepare
 killed at any point leaves nothing that passes for a store, and the next one removes its
-remains.
+remains. With `network_prepared_dir` on `gs://` or `s3://` the store is copied from there to
+the local cache once, or built locally and uploaded when absent (`data.store_copy`).
 """
 
 from __future__ import annotations
@@ -34,13 +35,11 @@ import time
 import uuid
 
 import psutil
-import pyarrow as pa
-import pyarrow.parquet as pq
 import tqdm
 
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.config import load as load_config
-from maxtext_netdata.data import assemble, remote, schema, shards, store
+from maxtext_netdata.data import assemble, raw_reader, remote, shards, store, store_copy
 from maxtext_netdata.errors import DataError
 
 
@@ -56,7 +55,6 @@ class PreparedSplits:
 
 # Config keys whose value changes the store's content.
 _CONTENT_KEYS = ("network_split", "network_test_fraction", "network_skip_bad_rows")
-_BATCH_ROWS = 1 << 18  # rows validated at a time: bounds memory whatever the row-group size
 # Set to a stage name ("reading", "partitioned", "sorted", "assembled"), a prepare stops
 # itself there with SIGSTOP: the crash tests kill it at a known point.
 PAUSE_ENV = "MAXTEXT_NETDATA_PREPARE_PAUSE_AT"
@@ -98,24 +96,32 @@ def prepare(config, *, progress: bool = True, force: bool = False, runner=None) 
   train_files = remote.expand_all(config.grain_train_files, options)
   eval_files = remote.expand_all(config.grain_eval_files, options)
   fp = fingerprint(config, train_files, eval_files)
-  root = os.path.join(config.prepared_dir, fp)
+  shared = config.prepared_dir if remote.is_remote(config.prepared_dir) else ""
+  local_dir = store_copy.cache_dir(config) if shared else config.prepared_dir
+  root = os.path.join(local_dir, fp)
   if not force:
     cached = _open_complete(root)
     if cached is not None:
       return cached
-  os.makedirs(config.prepared_dir, exist_ok=True)
-  with _builder_lock(config.prepared_dir, fp, progress):
+  os.makedirs(local_dir, exist_ok=True)
+  copied_from = ""
+  with _builder_lock(local_dir, fp, progress):
     if not force:
       cached = _open_complete(root)  # built by the process this one waited for
       if cached is not None:
         return cached
-    for stale in glob.glob(os.path.join(glob.escape(config.prepared_dir), f".tmp-{fp}-*")):
+    for stale in glob.glob(os.path.join(glob.escape(local_dir), f".tmp-{fp}-*")):
       shutil.rmtree(stale, ignore_errors=True)  # a killed build's: the lock says none runs
-    tmp = os.path.join(config.prepared_dir, f".tmp-{fp}-{uuid.uuid4().hex[:8]}")
+    tmp = os.path.join(local_dir, f".tmp-{fp}-{uuid.uuid4().hex[:8]}")
     try:
-      summary = _build(config, options, train_files, eval_files, tmp, fp, progress, runner)
-      summary["path"] = root
-      store.write_json(os.path.join(tmp, store.META_FILE), summary)
+      shared_root = store_copy.join(shared, fp) if shared else ""
+      if shared_root and not force and store_copy.download(shared_root, tmp, options):
+        copied_from = shared_root
+      else:
+        summary = _build(config, options, train_files, eval_files, tmp, fp, progress, runner)
+        store.write_json(os.path.join(tmp, store.META_FILE), summary)
+        if shared_root:
+          store_copy.upload(tmp, shared_root, options)
       if os.path.isdir(root):
         shutil.rmtree(root)  # forced rebuild, or the remains of an interrupted one
       os.rename(tmp, root)
@@ -124,6 +130,8 @@ def prepare(config, *, progress: bool = True, force: bool = False, runner=None) 
   splits = _open_complete(root)
   splits.cached = False
   splits.summary["cached"] = False
+  if copied_from:
+    splits.summary["copied_from"] = copied_from
   return splits
 
 
@@ -172,118 +180,13 @@ def _open_complete(root: str) -> PreparedSplits | None:
   train = store.PreparedStore(os.path.join(root, "train"))
   eval_name = "eval" if summary.get("eval_files") else "test"
   summary["cached"] = True
+  summary["path"] = root
   return PreparedSplits(
     train=train,
     eval=store.PreparedStore(os.path.join(root, eval_name)),
     summary=summary,
     cached=True,
   )
-
-
-@dataclasses.dataclass
-class _ReadReport:
-  rows_read: int = 0
-  skipped: schema.SkipReport = dataclasses.field(default_factory=schema.SkipReport)
-
-
-def _open_parquet(
-  entry: remote.FileEntry, options: remote.StorageOptions, metadata=None
-) -> pq.ParquetFile:
-  """The parquet file of `entry`; with its `metadata` known, the footer is not read again."""
-
-  def attempt():
-    handle = remote.open_input_file(entry, options)
-    try:
-      return pq.ParquetFile(handle, metadata=metadata, **schema.PARQUET_READ_OPTIONS)
-    except OSError as e:
-      if remote.is_remote(entry.uri) and not remote.is_permanent(e):
-        raise  # transient: with_retries tries again
-      raise DataError(f"{entry.uri}: not a readable parquet file ({_one_line(e)})") from None
-    except pa.ArrowException as e:
-      raise DataError(f"{entry.uri}: not a readable parquet file ({_one_line(e)})") from None
-
-  return remote.with_retries(attempt, uri=entry.uri, what="open", options=options)
-
-
-def _one_line(error: BaseException) -> str:
-  return " ".join(str(error).split())
-
-
-def _tables(entry: remote.FileEntry, metadata, options: remote.StorageOptions):
-  """(table, first row number) of each batch of one file, re-opening on transient errors.
-
-  After a transient failure the file is opened again and reading resumes at the batch that
-  failed: finished row groups are not read again. `network_remote_retries` bounds the
-  failures in a row, not per file, so a long file survives a flaky connection.
-  """
-  group, skip, row, failures = 0, 0, 0, 0
-  while True:
-    try:
-      parquet = _open_parquet(entry, options, metadata)
-      while group < metadata.num_row_groups:
-        batches = parquet.iter_batches(
-          batch_size=_BATCH_ROWS, row_groups=[group], columns=list(schema.REQUIRED_COLUMNS)
-        )
-        for index, batch in enumerate(batches):
-          if index >= skip:
-            # Checked before `_coalesced` unifies dictionaries, which trusts their indices.
-            schema.check_decoded(batch, source=entry.uri, row_offset=row)
-            yield pa.Table.from_batches([batch]), row
-            row += batch.num_rows
-            skip, failures = index + 1, 0
-        group, skip = group + 1, 0
-      return
-    except OSError as e:
-      failures += 1
-      if not remote.is_remote(entry.uri) or remote.is_permanent(e) or failures >= options.retries:
-        raise DataError(f"{entry.uri}: read failed at row {row}: {_one_line(e)}") from None
-      time.sleep(options.backoff_s * 2 ** (failures - 1))
-    except pa.ArrowException as e:
-      raise DataError(f"{entry.uri}: corrupt parquet data at row {row} ({_one_line(e)})") from None
-
-
-def _coalesced(tables):
-  """(table, first row) of about `_BATCH_ROWS` rows each, joined from consecutive tables.
-
-  Each parquet row group comes with its own dictionaries; joining small row groups (and
-  unifying their dictionaries, which Arrow does in C++) keeps the fixed cost per table off
-  files written with small row groups.
-  """
-  pending, pending_rows, first = [], 0, 0
-  for table, first_row in tables:
-    if not pending:
-      first = first_row
-    pending.append(table)
-    pending_rows += table.num_rows
-    if pending_rows >= _BATCH_ROWS:
-      yield pa.concat_tables(pending).combine_chunks(), first
-      pending, pending_rows = [], 0
-  if pending:
-    yield pa.concat_tables(pending).combine_chunks(), first
-
-
-def check_files(files, options) -> list:
-  """The parquet footer of each file, every schema checked before any long work starts."""
-  metadata = []
-  for entry in files:
-    parquet = _open_parquet(entry, options)
-    schema.check_schema(parquet.schema_arrow, entry.uri)
-    metadata.append(parquet.metadata)
-  return metadata
-
-
-def read_partitioned(entry, metadata, options, *, buckets, hashed, skip_bad, report, on_rows=None):
-  """(bucket, shards.Chunk) of every valid row of one file; counts rows in `report`."""
-  for table, first_row in _coalesced(_tables(entry, metadata, options)):
-    columns, skipped = schema.validate_table(
-      table, source=entry.uri, row_offset=first_row, skip_bad=skip_bad
-    )
-    report.rows_read += table.num_rows
-    report.skipped.merge(skipped)
-    if len(columns):
-      yield from shards.partition(columns, buckets, hashed)
-    if on_rows is not None:
-      on_rows(table.num_rows)
 
 
 def _pause_point(stage: str) -> None:
@@ -294,7 +197,7 @@ def _pause_point(stage: str) -> None:
 
 def _build_group(config, options, files, *, work, name, split, meta, progress, runner) -> tuple:
   """Prepare one set of files into split folder(s) under `work`: (counts, report, probes)."""
-  metadata = check_files(files, options)
+  metadata = raw_reader.check_files(files, options)
   total = sum(m.num_rows for m in metadata)
   buckets = shards.num_buckets(total, config.network_prepare_memory_mb)
   pieces_dir = os.path.join(work, f".pieces-{name}")
@@ -318,7 +221,7 @@ def _local_pieces(config, options, files, metadata, *, buckets, pieces_dir, prog
   Returns the piece folders in bucket order and the read report.
   """
   spill = shards.SpillWriter(pieces_dir + "-spill", buckets)
-  report = _ReadReport()
+  report = raw_reader.ReadReport()
   hashed, skip_bad = _hashed(config), config.network_skip_bad_rows
   total = sum(m.num_rows for m in metadata)
   with tqdm.tqdm(
@@ -326,7 +229,7 @@ def _local_pieces(config, options, files, metadata, *, buckets, pieces_dir, prog
   ) as bar:
     try:
       for entry, file_metadata in zip(files, metadata, strict=True):
-        parts = read_partitioned(
+        parts = raw_reader.read_partitioned(
           entry,
           file_metadata,
           options,
@@ -440,7 +343,8 @@ def format_summary(summary: dict) -> str:
   """The summary as a few readable lines."""
   splits = summary["splits"]
   lines = [
-    f"store     {summary['path']}{'  (cached)' if summary.get('cached') else ''}",
+    f"store     {summary['path']}{'  (cached)' if summary.get('cached') else ''}"
+    + (f"  (copied from {summary['copied_from']})" if summary.get("copied_from") else ""),
     f"rows      {summary['rows']:,} of {summary['rows_read']:,} read, "
     f"{summary['probes']:,} probes, {summary['failed_share']:.1%} failed",
   ]

@@ -2,7 +2,7 @@
 
     maxtext-netdata prepare CONFIG [key=value ...] --runner beam [-- BEAM PIPELINE OPTIONS]
 
-read each file in batches and partition its rows by probe bucket (`prepare.read_partitioned`,
+read each file in batches and partition its rows by probe bucket (`raw_reader.read_partitioned`,
 `shards.partition`) → GroupByKey on the bucket → sort each bucket and write it as a piece
 (`prepare.sort_and_write`). The functions are the built-in runner's, so both build
 byte-identical stores; listing, the builder lock, assembling the pieces into the store and
@@ -22,7 +22,7 @@ import os
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from maxtext_netdata.data import prepare, shards
+from maxtext_netdata.data import prepare, raw_reader, shards
 
 
 def runner(beam_args: list[str]):
@@ -46,7 +46,7 @@ def runner(beam_args: list[str]):
         | "group by bucket" >> beam.GroupByKey()
         | "sort and write" >> beam.Map(_sort_and_write, pieces_dir)
       )
-    report = prepare._ReadReport()
+    report = raw_reader.ReadReport()
     for name in sorted(os.listdir(reports_dir)):
       with open(os.path.join(reports_dir, name), encoding="utf-8") as f:
         one = json.load(f)
@@ -66,9 +66,9 @@ def runner(beam_args: list[str]):
 def _read_and_partition(indexed, options, settings, reports_dir):
   """(bucket, chunk bytes) of one file's rows; its read report goes to `reports_dir`."""
   index, entry = indexed
-  metadata = prepare.check_files([entry], options)[0]
-  report = prepare._ReadReport()
-  for bucket, chunk in prepare.read_partitioned(
+  metadata = raw_reader.check_files([entry], options)[0]
+  report = raw_reader.ReadReport()
+  for bucket, chunk in raw_reader.read_partitioned(
     entry,
     metadata,
     options,

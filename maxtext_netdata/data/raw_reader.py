@@ -1,0 +1,108 @@
+"""Reading raw parquet for prepare: footers and schemas first, then validated row batches.
+
+Every file is opened through `data.remote` (local, `s3://`, `gs://`); the storage SDKs retry
+what is transient, each ranged read on its own, so a read that fails part-way resumes inside
+the SDK and what reaches this module is final: a one-line `DataError` naming the file and the
+row where reading stopped. Corruption is caught here too: page checksums where the file
+stores them and Arrow's full validation of every decoded batch (`schema.check_decoded`),
+before dictionaries are unified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from maxtext_netdata.data import remote, schema, shards
+from maxtext_netdata.errors import DataError
+
+BATCH_ROWS = 1 << 18  # rows validated at a time: bounds memory whatever the row-group size
+
+
+@dataclasses.dataclass
+class ReadReport:
+  """Rows read and rows skipped (by reason) over some files."""
+
+  rows_read: int = 0
+  skipped: schema.SkipReport = dataclasses.field(default_factory=schema.SkipReport)
+
+
+def one_line(error: BaseException) -> str:
+  return " ".join(str(error).split())
+
+
+def open_parquet(
+  entry: remote.FileEntry, options: remote.StorageOptions, metadata=None
+) -> pq.ParquetFile:
+  """The parquet file of `entry`; with its `metadata` known, the footer is not read again."""
+  handle = remote.open_input_file(entry, options)
+  try:
+    return pq.ParquetFile(handle, metadata=metadata, **schema.PARQUET_READ_OPTIONS)
+  except (OSError, pa.ArrowException) as e:
+    raise DataError(f"{entry.uri}: not a readable parquet file ({one_line(e)})") from None
+
+
+def check_files(files, options) -> list:
+  """The parquet footer of each file, every schema checked before any long work starts."""
+  metadata = []
+  for entry in files:
+    parquet = open_parquet(entry, options)
+    schema.check_schema(parquet.schema_arrow, entry.uri)
+    metadata.append(parquet.metadata)
+  return metadata
+
+
+def _tables(entry: remote.FileEntry, metadata, options: remote.StorageOptions):
+  """(table, first row number) of each batch of one file, one row group at a time."""
+  parquet = open_parquet(entry, options, metadata)
+  row = 0
+  try:
+    for group in range(metadata.num_row_groups):
+      batches = parquet.iter_batches(
+        batch_size=BATCH_ROWS, row_groups=[group], columns=list(schema.REQUIRED_COLUMNS)
+      )
+      for batch in batches:
+        # Checked before `_coalesced` unifies dictionaries, which trusts their indices.
+        schema.check_decoded(batch, source=entry.uri, row_offset=row)
+        yield pa.Table.from_batches([batch]), row
+        row += batch.num_rows
+  except OSError as e:
+    raise DataError(f"{entry.uri}: read failed at row {row}: {one_line(e)}") from None
+  except pa.ArrowException as e:
+    raise DataError(f"{entry.uri}: corrupt parquet data at row {row} ({one_line(e)})") from None
+
+
+def _coalesced(tables):
+  """(table, first row) of about `BATCH_ROWS` rows each, joined from consecutive tables.
+
+  Each parquet row group comes with its own dictionaries; joining small row groups (and
+  unifying their dictionaries, which Arrow does in C++) keeps the fixed cost per table off
+  files written with small row groups.
+  """
+  pending, pending_rows, first = [], 0, 0
+  for table, first_row in tables:
+    if not pending:
+      first = first_row
+    pending.append(table)
+    pending_rows += table.num_rows
+    if pending_rows >= BATCH_ROWS:
+      yield pa.concat_tables(pending).combine_chunks(), first
+      pending, pending_rows = [], 0
+  if pending:
+    yield pa.concat_tables(pending).combine_chunks(), first
+
+
+def read_partitioned(entry, metadata, options, *, buckets, hashed, skip_bad, report, on_rows=None):
+  """(bucket, shards.Chunk) of every valid row of one file; counts rows in `report`."""
+  for table, first_row in _coalesced(_tables(entry, metadata, options)):
+    columns, skipped = schema.validate_table(
+      table, source=entry.uri, row_offset=first_row, skip_bad=skip_bad
+    )
+    report.rows_read += table.num_rows
+    report.skipped.merge(skipped)
+    if len(columns):
+      yield from shards.partition(columns, buckets, hashed)
+    if on_rows is not None:
+      on_rows(table.num_rows)
