@@ -5,6 +5,8 @@ with `network_split: probe` a probe is held out when its hash, as a fraction of 
 `network_test_fraction`; with `time`, every row at or after the `1 - fraction` quantile of
 time (numpy's "higher" quantile over all rows, found from the pieces' histograms of seconds).
 Memory holds one piece's column at a time plus per-probe arrays, whatever the store's size.
+Each split also gets its probe statistics (`store.STATS_ARRAYS`), counted as its rows go by,
+so no reader has to scan the store for them.
 """
 
 from __future__ import annotations
@@ -109,9 +111,13 @@ class _Writer:
       self.files[name] = f
     self.sizes, self.src, self.version = [], [], []
     self.failed = 0
+    self.counter = store.ProbeCounter()
+    self.piece_sizes = np.zeros(0, np.int64)
 
   def add_probes(self, sizes: np.ndarray, src: np.ndarray, version: np.ndarray) -> None:
+    """The probes of the next piece; `add_rows` then brings their rows, column by column."""
     present = sizes > 0
+    self.piece_sizes = sizes[present]
     self.sizes.append(sizes[present])
     self.src.append(src[present])
     self.version.append(version[present])
@@ -119,6 +125,9 @@ class _Writer:
   def add_rows(self, name: str, array: np.ndarray) -> None:
     if name == "failed":
       self.failed += int(np.count_nonzero(array))
+      self.counter.add_failed(array, self.piece_sizes)
+    elif name == "seconds":
+      self.counter.add_seconds(array, self.piece_sizes)
     if array.size:
       self.files[name].write(memoryview(np.ascontiguousarray(array)).cast("B"))
 
@@ -136,6 +145,9 @@ class _Writer:
     np.save(os.path.join(self.path, "probe_offsets.npy"), offsets)
     np.save(os.path.join(self.path, "probe_src.npy"), np.ascontiguousarray(src))
     np.save(os.path.join(self.path, "probe_version.npy"), version)
+    for name, counts in zip(store.STATS_ARRAYS, self.counter.counts(), strict=True):
+      assert counts.shape == (len(sizes),), (self.path, name, counts.shape)
+      np.save(os.path.join(self.path, f"{name}.npy"), counts)
     counts = {"rows": self.rows, "probes": len(sizes), "failed": self.failed}
     store.write_json(
       os.path.join(self.path, store.META_FILE),

@@ -12,6 +12,9 @@ Layout of a split directory (written by `data.prepare`):
     failed.npy           bool  [N]
     rtt_ms.npy           float32 [N]   negative = failed
     hashed_order.npy     uint8 [N, 2]  only with network_field_order=hashed
+    probe_failed.npy     int64 [P]     failed rows of each probe      } probe statistics,
+    probe_long_gaps.npy  int64 [P]     rows > 255 s after the row     } written by prepare
+                                       before them in the split       } (`probe_counts`)
 
 Probes are ordered by (hash, version, source address bytes), the hash being the one that
 decides the probe split (`data.shards`); rows within a probe by time, ties by destination,
@@ -44,6 +47,9 @@ ROW_ARRAYS = {
   "rtt_ms": (np.float32, ()),
   "hashed_order": (np.uint8, (2,)),
 }
+# Per-probe statistics the epoch planner needs, counted once by prepare (`probe_counts`).
+STATS_ARRAYS = ("probe_failed", "probe_long_gaps")
+LONG_GAP_S = 255  # a gap above this takes a DELTA4 timestamp (SPEC §2)
 META_FILE = "meta.json"
 
 
@@ -104,6 +110,35 @@ class PreparedStore:
       raise DataError(
         f"{file_path}: {array.dtype}{list(array.shape)}, expected"
         f" {np.dtype(dtype)}{[rows, *tail]}; run prepare again"
+      )
+    return array
+
+  def probe_counts(self) -> tuple[np.ndarray, np.ndarray]:
+    """(failed rows, long gaps) of each probe, int64 [P] each (see `probe_counts`).
+
+    Memory-mapped from the split when prepare stored them, so every process and Grain worker
+    shares one copy in page cache; counted from the rows otherwise (stores written without
+    them, such as `ProbeRows.write`'s).
+    """
+    cached = self.__dict__.get("_probe_counts")
+    if cached is None:
+      if all(os.path.exists(os.path.join(self.path, f"{n}.npy")) for n in STATS_ARRAYS):
+        cached = tuple(self._load_stats(name) for name in STATS_ARRAYS)
+      else:
+        cached = probe_counts(self)
+      self.__dict__["_probe_counts"] = cached
+    return cached
+
+  def _load_stats(self, name: str) -> np.ndarray:
+    file_path = os.path.join(self.path, f"{name}.npy")
+    try:
+      array = np.load(file_path, mmap_mode="r")
+    except (OSError, ValueError) as e:
+      raise DataError(f"{file_path}: unreadable ({e}); run prepare again") from None
+    if array.dtype != np.int64 or array.shape != (self.num_probes,):
+      raise DataError(
+        f"{file_path}: {array.dtype}{list(array.shape)}, expected int64[{self.num_probes}];"
+        " run prepare again"
       )
     return array
 
@@ -178,6 +213,75 @@ class ProbeRows:
       },
     )
     return counts
+
+
+def probe_counts(split, chunk_rows: int = 1 << 24) -> tuple[np.ndarray, np.ndarray]:
+  """(failed rows, long gaps) per probe of `split`, int64 [P] each, counted from its rows.
+
+  A row is a long gap when its second is more than `LONG_GAP_S` after the second of the row
+  before it in the split (so a probe's first row is compared with the last row of the probe
+  before it, and the split's first row with itself). Reads `chunk_rows` rows at a time.
+  `assemble` counts the same while writing a split (`ProbeCounter`); this is the reference
+  and the fallback for stores written without the counts.
+  """
+  offsets = np.asarray(split.probe_offsets, dtype=np.int64)
+  failed_cum = np.zeros(len(offsets), dtype=np.int64)
+  gap_cum = np.zeros(len(offsets), dtype=np.int64)
+  carry_failed = carry_gap = 0
+  previous = None
+  for lo in range(0, split.num_rows, chunk_rows):
+    hi = min(lo + chunk_rows, split.num_rows)
+    seconds = np.asarray(split.seconds[lo:hi])
+    cf = carry_failed + np.cumsum(np.asarray(split.failed[lo:hi]), dtype=np.int64)
+    cg = carry_gap + np.cumsum(_long_gaps(seconds, previous), dtype=np.int64)
+    at = (offsets > lo) & (offsets <= hi)  # probe ends inside this chunk
+    failed_cum[at] = cf[offsets[at] - lo - 1]
+    gap_cum[at] = cg[offsets[at] - lo - 1]
+    carry_failed, carry_gap, previous = int(cf[-1]), int(cg[-1]), int(seconds[-1])
+  return np.diff(failed_cum), np.diff(gap_cum)
+
+
+def _long_gaps(seconds: np.ndarray, previous: int | None) -> np.ndarray:
+  """bool [n]: rows more than LONG_GAP_S after the row before (`previous` before the first)."""
+  before = np.empty(len(seconds), dtype=np.int64)
+  before[0] = seconds[0] if previous is None else previous
+  before[1:] = seconds[:-1]
+  return seconds - before > LONG_GAP_S
+
+
+class ProbeCounter:
+  """`probe_counts` of a split written in order, whole probes at a time (`assemble`).
+
+  Holds only per-probe counts: nothing row-sized outlives a call.
+  """
+
+  def __init__(self):
+    self.previous = None
+    self.failed: list[np.ndarray] = []
+    self.gaps: list[np.ndarray] = []
+
+  @staticmethod
+  def _per_probe(flags: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    starts = np.zeros(len(sizes), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    return np.add.reduceat(flags.astype(np.int64), starts)
+
+  def add_seconds(self, seconds: np.ndarray, sizes: np.ndarray) -> None:
+    """The seconds of whole probes of `sizes` rows each (all > 0), next in the split."""
+    if len(seconds):
+      self.gaps.append(self._per_probe(_long_gaps(seconds, self.previous), sizes))
+      self.previous = int(seconds[-1])
+
+  def add_failed(self, failed: np.ndarray, sizes: np.ndarray) -> None:
+    if len(failed):
+      self.failed.append(self._per_probe(failed, sizes))
+
+  def counts(self) -> tuple[np.ndarray, np.ndarray]:
+    empty = np.zeros(0, dtype=np.int64)
+    return (
+      np.concatenate(self.failed) if self.failed else empty,
+      np.concatenate(self.gaps) if self.gaps else empty,
+    )
 
 
 def take_rows(array: np.ndarray, index: np.ndarray) -> np.ndarray:

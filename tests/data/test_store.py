@@ -181,3 +181,101 @@ def test_not_a_store_is_an_error(tmp_path):
   store.write_json(meta_path, {**meta, "format_version": store.FORMAT_VERSION + 1})
   with pytest.raises(DataError, match="run prepare"):
     store.PreparedStore(split.path)
+
+
+def _counts_by_definition(split) -> tuple[np.ndarray, np.ndarray]:
+  """Failed rows and rows > 255 s after the split's previous row, probe by probe."""
+  seconds, failed = np.asarray(split.seconds), np.asarray(split.failed)
+  gap = np.concatenate([[False], np.diff(seconds) > 255])
+  bounds = np.asarray(split.probe_offsets)
+  return (
+    np.array([failed[a:b].sum() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]),
+    np.array([gap[a:b].sum() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]),
+  )
+
+
+@pytest.mark.parametrize("buckets_mb", [1024, 256])
+def test_prepare_stores_the_probe_statistics(sample_dir, tmp_path, buckets_mb, monkeypatch):
+  from maxtext_netdata import config  # noqa: PLC0415
+  from maxtext_netdata.data import prepare  # noqa: PLC0415
+
+  # Small buckets: the counts cross many pieces, each split gets rows of every piece.
+  monkeypatch.setattr(shards, "num_buckets", lambda rows, mb: 1 if mb == 1024 else 7)
+  cfg = config.load(
+    None,
+    [
+      f"grain_train_files={sample_dir}",
+      f"network_prepared_dir={tmp_path}",
+      "network_split=time",
+      f"network_prepare_memory_mb={buckets_mb}",
+    ],
+  )
+  splits = prepare.prepare(cfg, progress=False)
+  long_gaps = 0
+  for split in (splits.train, splits.eval):
+    stored = split.probe_counts()
+    assert all(isinstance(a, np.memmap) for a in stored)  # mapped, not recounted
+    expected = _counts_by_definition(split)
+    for got, want in zip(stored, expected, strict=True):
+      np.testing.assert_array_equal(got, want)
+    assert stored[0].sum() == split.meta["num_failed"]
+    long_gaps += int(stored[1].sum())
+    # The chunked scan (the fallback for stores without them) agrees across chunk edges.
+    for got, want in zip(store.probe_counts(split, chunk_rows=997), expected, strict=True):
+      np.testing.assert_array_equal(got, want)
+  assert long_gaps > 0
+
+
+def test_the_planner_reads_no_store_rows_for_its_statistics(sample_dir, tmp_path):
+  from maxtext_netdata import config  # noqa: PLC0415
+  from maxtext_netdata.data import prepare  # noqa: PLC0415
+  from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: PLC0415
+
+  cfg = config.load(None, [f"grain_train_files={sample_dir}", f"network_prepared_dir={tmp_path}"])
+  train = store.PreparedStore(prepare.prepare(cfg, progress=False).train.path)
+  builder = BatchBuilder.from_config(cfg, train, 8)
+  assert builder.stats.num_probes == train.num_probes
+  assert "seconds" not in train.__dict__ and "failed" not in train.__dict__
+  # A split without stored counts (an older store) gets them by a scan: the same plan.
+  for name in store.STATS_ARRAYS:
+    os.remove(os.path.join(train.path, f"{name}.npy"))
+  rescanned = BatchBuilder.from_config(cfg, store.PreparedStore(train.path), 8)
+  np.testing.assert_array_equal(rescanned.stats.mean_length, builder.stats.mean_length)
+  np.testing.assert_array_equal(rescanned.plan(0).order, builder.plan(0).order)
+
+
+def test_assemble_counts_the_statistics_across_pieces(tmp_path):
+  from maxtext_netdata.data import assemble  # noqa: PLC0415
+
+  rng = np.random.default_rng(5)
+  pieces = []
+  for index in range(5):
+    probes = int(rng.integers(1, 6))
+    sizes = rng.integers(1, 30, probes)
+    n = int(sizes.sum())
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    # Each probe starts anywhere in a day: gaps across probes and pieces go both ways.
+    start = np.repeat(rng.integers(0, 86_400, probes), sizes)
+    steps = rng.choice([0, 60, 300], n)
+    seconds = start + np.cumsum(steps) - np.repeat(np.cumsum(steps)[offsets[:-1]], sizes)
+    failed = rng.random(n) < 0.3
+    rows = store.ProbeRows(
+      probe_offsets=offsets,
+      probe_src=rng.integers(0, 256, (probes, 16), dtype=np.uint8),
+      probe_version=np.full(probes, 6, np.uint8),
+      dst=rng.integers(0, 256, (n, 16), dtype=np.uint8),
+      seconds=seconds.astype(np.int64),
+      rtt_bytes=np.zeros((n, 2), np.uint8),
+      failed=failed,
+      rtt_ms=np.where(failed, -1.0, 5.0).astype(np.float32),
+      hashed_order=None,
+    )
+    path = str(tmp_path / f"piece{index}")
+    rows.write(path, {})
+    pieces.append(path)
+  assemble.assemble(pieces, str(tmp_path / "out"), "all", 0.0, {})
+  split = store.PreparedStore(str(tmp_path / "out" / "eval"))
+  expected = _counts_by_definition(split)
+  assert expected[1].sum() > 5  # long gaps inside and across pieces
+  for got, want in zip(split.probe_counts(), expected, strict=True):
+    np.testing.assert_array_equal(got, want)
