@@ -33,6 +33,7 @@ import dataclasses
 
 import numpy as np
 
+from maxtext_netdata.data import store as store_lib
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline import rng
 
@@ -59,34 +60,19 @@ def probe_stats(store, mode_weights, chunk_rows: int = 1 << 24) -> ProbeStats:
 
   From the IP version, the share of failed rows and the share of gaps over 255 s (DELTA4
   timestamps), weighting the timestamp cost by how often a measurement carries one (all of
-  `full`, about half of `partial`). Reads the store in chunks of `chunk_rows`.
+  `full`, about half of `partial`). The counts come with the store (`data.store`); a store
+  object without them is read in chunks of `chunk_rows`.
   """
   offsets = np.asarray(store.probe_offsets, dtype=np.int64)
   weights = np.asarray(mode_weights, dtype=np.float64)
   weights = weights / weights.sum()
   stamped = weights[0] + 0.5 * weights[1]
-  # Cumulative sums evaluated at probe boundaries, one chunk at a time.
-  failed_cum = np.zeros(len(offsets))
-  gap_cum = np.zeros(len(offsets))
-  carry_failed = carry_gap = 0.0
-  previous_second = None
-  for lo in range(0, store.num_rows, chunk_rows):
-    hi = min(lo + chunk_rows, store.num_rows)
-    failed = np.asarray(store.failed[lo:hi], dtype=np.float64)
-    seconds = np.asarray(store.seconds[lo:hi])
-    before = np.empty(hi - lo, dtype=np.int64)
-    before[0] = seconds[0] if previous_second is None else previous_second
-    before[1:] = seconds[:-1]
-    long_gap = (seconds - before > 255).astype(np.float64)
-    cf = carry_failed + np.cumsum(failed)
-    cg = carry_gap + np.cumsum(long_gap)
-    at = (offsets > lo) & (offsets <= hi)
-    failed_cum[at] = cf[offsets[at] - lo - 1]
-    gap_cum[at] = cg[offsets[at] - lo - 1]
-    carry_failed, carry_gap, previous_second = cf[-1], cg[-1], seconds[-1]
+  # Counted once by prepare and memory-mapped (`PreparedStore.probe_counts`): no store scan.
+  counts_of = getattr(store, "probe_counts", None)
+  failed, long_gaps = counts_of() if counts_of else store_lib.probe_counts(store, chunk_rows)
+  failed_sum = np.asarray(failed, dtype=np.float64)
+  long_gap_sum = np.asarray(long_gaps, dtype=np.float64)
   counts = np.diff(offsets).astype(np.float64)
-  failed_sum = np.diff(failed_cum)
-  long_gap_sum = np.diff(gap_cum)
   safe = np.maximum(counts, 1)
   version = np.asarray(store.probe_version)
   base = np.where(
