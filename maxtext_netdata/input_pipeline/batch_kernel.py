@@ -302,15 +302,33 @@ def _finish_row(
     segmentation[t] = 0
     position[t] = 0
   if shifted:
-    # ShiftData: targets[t] = inputs[t + 1]; their segment id, 0 where the target is PAD.
-    for t in range(seq_len - 1):
-      token = inputs[t + 1]
-      targets[t] = token
-      targets_segmentation[t] = 0 if token == _PAD else segmentation[t + 1]
-      targets_position[t] = position[t]
-    targets[seq_len - 1] = _PAD
-    targets_segmentation[seq_len - 1] = 0
-    targets_position[seq_len - 1] = position[seq_len - 1]
+    _shift_row(inputs, segmentation, position, targets, targets_segmentation, targets_position)
+
+
+@numba.njit(inline="always")
+def _shift_row(inputs, segmentation, position, targets, targets_segmentation, targets_position):
+  """ShiftData of one row: targets[t] = inputs[t + 1] (PAD last), their segment id (0 where
+  the target is PAD), positions unchanged."""
+  seq_len = inputs.shape[0]
+  for t in range(seq_len - 1):
+    token = inputs[t + 1]
+    targets[t] = token
+    targets_segmentation[t] = 0 if token == _PAD else segmentation[t + 1]
+    targets_position[t] = position[t]
+  targets[seq_len - 1] = _PAD
+  targets_segmentation[seq_len - 1] = 0
+  targets_position[seq_len - 1] = position[seq_len - 1]
+
+
+@numba.njit(cache=True, nogil=True)
+def shift(inputs, segmentation, position, targets, targets_segmentation, targets_position):
+  """ShiftData of a [rows, seq_len] batch whose targets equal its inputs, in one pass that
+  writes the three targets arrays."""
+  for r in range(inputs.shape[0]):
+    _shift_row(
+      inputs[r], segmentation[r], position[r], targets[r], targets_segmentation[r],
+      targets_position[r],
+    )  # fmt: skip
 
 
 def permutations() -> np.ndarray:

@@ -312,3 +312,18 @@ def _segments(
   np.copyto(segmentation, 0, where=padding)
   np.copyto(position, 0, where=padding)
   return segmentation.reshape(g.num_rows, seq_len), position.reshape(g.num_rows, seq_len)
+
+
+def shift(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """MaxText's ShiftData on the three inputs arrays, whole-array numpy (SPEC §4)."""
+  targets = np.full_like(batch["inputs"], tk.PAD)
+  targets[:, :-1] = batch["inputs"][:, 1:]
+  segmentation = np.zeros_like(batch["inputs_segmentation"])
+  segmentation[:, :-1] = batch["inputs_segmentation"][:, 1:]
+  segmentation[targets == tk.PAD] = 0
+  return {
+    **batch,
+    "targets": targets,
+    "targets_segmentation": segmentation,
+    "targets_position": batch["inputs_position"].copy(),
+  }
