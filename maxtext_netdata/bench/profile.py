@@ -197,14 +197,27 @@ def describe(profile: dict) -> str:
 
 
 def amend_verdict(verdict: dict, profile: dict) -> dict:
-  """`verdict` with the profile's words; a verdict of "not the bottleneck" turns into the cause
-  the trace shows when the accelerator idles for more than IDLE_SHARE_NOTABLE of a step."""
+  """`verdict` with the profile's words, and its kind corrected by what the trace shows.
+
+  "Not the bottleneck" turns into the cause of the gaps when the accelerator idles for more
+  than IDLE_SHARE_NOTABLE of a step. "Forced synchronization suspected" (slower real steps
+  with little data wait) is withdrawn when the accelerator never idles: the steps ran slower,
+  they were not held up, as when loading and the step share the same cores.
+  """
   from maxtext_netdata.bench import report as bench_report
 
   text = f"{verdict['text']} {describe(profile)}"
   kind = verdict["kind"]
   cause = profile["host_waiting_on"]
-  if kind == bench_report.NOT_BOTTLENECK and profile["idle_share"]["median"] > IDLE_SHARE_NOTABLE:
+  idle = profile["idle_share"]["median"]
+  if kind == bench_report.FORCED_SYNC and idle <= IDLE_SHARE_NOTABLE:
+    return {
+      "kind": bench_report.STARVED,
+      "text": f"{text} So the slower steps are no forced synchronization: the accelerator was"
+      " busy throughout and computed more slowly, as when the loader and the step compete for"
+      " the same cores (always so on a CPU platform); give the loader cores of its own.",
+    }
+  if kind == bench_report.NOT_BOTTLENECK and idle > IDLE_SHARE_NOTABLE:
     if cause == DEVICE_READ:
       kind = bench_report.FORCED_SYNC
       text += (

@@ -68,6 +68,10 @@ def test_back_to_back_steps_have_no_gaps(tmp_path):
   assert result["host_waiting_on"] is None
   assert result["idle_share"]["median"] < profile.IDLE_SHARE_NOTABLE
   assert "no gaps" in profile.describe(result)
+  # Slower steps without gaps were computed more slowly, not held up by a synchronization.
+  verdict = profile.amend_verdict({"kind": bench_report.FORCED_SYNC, "text": "Forced."}, result)
+  assert verdict["kind"] == bench_report.STARVED
+  assert "no forced synchronization" in verdict["text"]
 
 
 def test_a_sleeping_loader_leaves_gaps_while_the_host_waits_for_data(tmp_path, step_s):
