@@ -308,12 +308,14 @@ PIPELINE_WORKER = textwrap.dedent(
   """
     import json, sys
     import numpy as np
+    from absl import flags
     from maxtext_netdata import config
     from maxtext_netdata.distributed import multihost
     from maxtext_netdata.distributed import mesh as mesh_lib
     from maxtext_netdata.input_pipeline import create_data_iterator
     from maxtext_netdata.input_pipeline.batches_cli import digest
 
+    flags.FLAGS.mark_as_parsed()  # this script is the entry point; Grain's workers read flags
     cfg = config.load(None, json.loads(sys.argv[1]))
     steps, out = int(sys.argv[2]), sys.argv[3]
     multihost.initialize_distributed(cfg)
@@ -446,6 +448,7 @@ def test_two_processes_with_grain_workers_load_the_global_batches_of_one(raw_dir
 TRAIN_WORKER = textwrap.dedent(
   """
     import json, sys
+    from absl import flags
     from maxtext_netdata import config
     from maxtext_netdata.distributed import multihost
     from maxtext_netdata.trainer import train
@@ -453,6 +456,7 @@ TRAIN_WORKER = textwrap.dedent(
     from maxtext_netdata.input_pipeline.batches_cli import digest
     from maxtext_netdata.distributed.mesh import make_mesh
 
+    flags.FLAGS.mark_as_parsed()  # this script is the entry point; Grain's workers read flags
     cfg = config.load("configs/smoke.yml", json.loads(sys.argv[1]))
     multihost.initialize_distributed(cfg)
     train_iterator, eval_iterator = create_data_iterator(cfg, make_mesh(cfg))
@@ -477,31 +481,46 @@ TRAIN_WORKER = textwrap.dedent(
       def close(self):
         train_iterator.close()
 
-    train.train(cfg, data_iterators=(Recording(), eval_iterator))
-    print(json.dumps({"digests": digests}))
+    summary = train.train(cfg, data_iterators=(Recording(), eval_iterator))
+    print(json.dumps({"digests": digests, "final_loss": summary["final_loss"]}))
     """
 )
 
 
 @pytest.mark.slow
-def test_two_process_checkpoint_resumes_in_one_process_with_the_same_batches(raw_dir, tmp_path):
+@pytest.mark.parametrize(
+  ("saved", "resumed"),
+  [((2, 1), (1, 0)), ((1, 2), (2, 0))],
+  ids=["2 processes with workers -> 1", "1 process with 2 workers -> 2"],
+)
+def test_checkpoint_resumes_on_another_process_count_with_the_same_batches(
+  raw_dir, tmp_path, saved, resumed
+):
+  """(processes, grain workers) of the saving and the resuming run: the resumed run trains on
+  the batches, and ends with the loss, of an uninterrupted one-process run."""
   base = tmp_path / "run"
   data = pipeline_overrides(raw_dir, base, data_shuffle_seed=5)
   model = ["base_num_decoder_layers=1", "base_emb_dim=64", "base_mlp_dim=128", "head_dim=16"]
-  run = ["checkpoint_period=2", "eval_interval=-1", "enable_tensorboard=false", "run_name=resume"]
+  run = ["checkpoint_period=2", "eval_interval=-1", "enable_tensorboard=false"]
+  run += ["learning_rate_schedule_steps=4"]
 
-  def train(steps: int, num_processes: int) -> list[str]:
-    overrides = data + model + run + [f"steps={steps}"]
+  def train(run_name: str, steps: int, num_processes: int, workers: int) -> dict:
+    overrides = [o for o in data if not o.startswith("grain_worker_count=")]
+    overrides += [*model, *run, f"run_name={run_name}", f"steps={steps}"]
+    overrides.append(f"grain_worker_count={workers}")
     argv = [sys.executable, "-c", TRAIN_WORKER, json.dumps(overrides)]
     reports = _reports(run_processes(argv, num_processes, devices_per_process=4 // num_processes))
-    assert all(r["digests"] == reports[0]["digests"] for r in reports)
-    return reports[0]["digests"]
+    assert all(r == reports[0] for r in reports)
+    return reports[0]
 
-  first = train(2, num_processes=2)
-  saved = sorted(p.name for p in (base / "resume/checkpoints/2/iter").glob("*.json"))
-  assert saved == ["process_0-of-2.json", "process_1-of-2.json"]
-  rest = train(4, num_processes=1)
+  whole = train("whole", 4, 1, 0)
+  first = train("resume", 2, *saved)
+  names = sorted(p.name for p in (base / "resume/checkpoints/2/iter").glob("*.json"))
+  assert names == [f"process_{i}-of-{saved[0]}.json" for i in range(saved[0])]
+  rest = train("resume", 4, *resumed)
+  assert first["digests"] + rest["digests"] == whole["digests"]
   # The trainer reads configs/smoke.yml, whose data keys (split, field order) differ from base.yml.
-  assert first + rest == batches_cli_digests(data, 4, "configs/smoke.yml")
+  assert whole["digests"] == batches_cli_digests(data, 4, "configs/smoke.yml")
+  assert rest["final_loss"] == whole["final_loss"]
   records = [json.loads(line) for line in (base / "resume/metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == [0, 1, 2, 3]

@@ -224,3 +224,36 @@ def test_eval_iterator_serves_the_test_split_again_at_every_eval(data_overrides)
   assert all(a.shape == (4, 128) for a in first)
   np.testing.assert_array_equal(first, second)
   assert not any(np.array_equal(a, b) for a in first for b in train_batches)
+
+
+@pytest.mark.slow
+def test_run_with_workers_and_several_evals_leaves_nothing(tmp_path, data_overrides, jax_cache):
+  """MaxText's trainer with 2 Grain workers and 3 evals: no process of the run's session and no
+  /dev/shm entry it used is left, and the evals started no worker process."""
+  import process_helpers  # noqa: PLC0415
+
+  metrics_file = tmp_path / "metrics.jsonl"
+  argv = [
+    sys.executable,
+    "-m",
+    "maxtext_netdata.maxtext.train",
+    SMOKE,
+    f"base_output_directory={tmp_path}",
+    "run_name=evals",
+    f"metrics_file={metrics_file}",
+    f"jax_cache_dir={jax_cache}",
+    *TINY,
+    *data_overrides,
+    "grain_worker_count=2",
+    "steps=6",
+    "eval_interval=2",
+    "eval_steps=2",
+    "enable_checkpointing=false",
+  ]
+  shm = set(os.listdir("/dev/shm"))
+  proc = process_helpers.start(argv, jax_cache)
+  code, _, err = process_helpers.finish(proc, shm, timeout=400)
+  assert code == 0, err[-3000:]
+  records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+  assert sum(1 for r in records if "eval/avg_loss" in r) == 3
+  assert max(proc.shm_watch.most_workers, default=0) <= 2

@@ -1,11 +1,8 @@
 """Every way a training run ends leaves no process and no /dev/shm entry behind.
 
 Each run is `maxtext-netdata train` (or a script calling `train.train`) in its own session with
-2 Grain worker processes; afterwards no process of that session may be alive and no /dev/shm
-entry it had open may remain. Entries are attributed by sampling the session's open files and
-memory maps while it runs: other processes on the machine create and remove /dev/shm entries
-too, so a plain before/after count of the folder would blame them. SIGINT's disposition is reset in the child: a process started from a
-background job inherits SIGINT ignored, and Python then never raises KeyboardInterrupt.
+2 Grain worker processes (`process_helpers`); afterwards no process of that session may be
+alive and no /dev/shm entry it used may remain.
 """
 
 from __future__ import annotations
@@ -15,14 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import psutil
+import process_helpers
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = [
   "base_num_decoder_layers=1",
   "base_emb_dim=32",
@@ -58,94 +53,8 @@ def _overrides(sample_dir, out: Path, run_name: str, steps: int) -> list[str]:
   ]
 
 
-def _start(argv: list[str], jax_cache: str) -> subprocess.Popen:
-  env = dict(
-    os.environ,
-    JAX_PLATFORMS="cpu",
-    PYTHONPATH=str(REPO),
-    JAX_COMPILATION_CACHE_DIR=jax_cache,
-    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-  )
-  proc = subprocess.Popen(
-    argv,
-    cwd=REPO,
-    env=env,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-    start_new_session=True,
-    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-  )
-  proc.shm_watch = _ShmWatch(proc)
-  return proc
-
-
 def _train_argv(overrides: list[str]) -> list[str]:
   return [sys.executable, "-m", "maxtext_netdata", "train", "configs/smoke.yml", *overrides]
-
-
-def _session(sid: int) -> list[psutil.Process]:
-  alive = []
-  for process in psutil.process_iter():
-    try:
-      if os.getsid(process.pid) == sid:
-        alive.append(process)
-    except (ProcessLookupError, PermissionError):
-      continue
-  return alive
-
-
-class _ShmWatch(threading.Thread):
-  """The /dev/shm entries the processes of a session open or map, sampled until it ends."""
-
-  def __init__(self, proc: subprocess.Popen):
-    super().__init__(daemon=True)
-    self.proc = proc
-    self.seen: set[str] = set()
-    self.start()
-
-  def run(self) -> None:
-    while self.proc.poll() is None:
-      for process in _session(self.proc.pid):
-        self.seen.update(_shm_of(process.pid))
-      time.sleep(0.05)
-
-
-def _shm_of(pid: int) -> set[str]:
-  names = set()
-  try:
-    with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
-      names.update(line.split("/dev/shm/")[1].split()[0] for line in f if "/dev/shm/" in line)
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-      target = os.readlink(f"/proc/{pid}/fd/{fd}")
-      if target.startswith("/dev/shm/"):
-        names.add(target.removeprefix("/dev/shm/").split()[0])
-  except OSError:
-    pass
-  return names
-
-
-def _finish(proc: subprocess.Popen, shm_before: set[str], timeout: float = 120):
-  """Waits for `proc`; asserts nothing of its session and no /dev/shm entry it used is left."""
-  watch = proc.shm_watch
-  try:
-    out, err = proc.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    pytest.fail(f"run still going {timeout} s after it was asked to end")
-  deadline = time.monotonic() + 30
-  while _session(proc.pid) and time.monotonic() < deadline:
-    time.sleep(0.2)
-  left = [" ".join(p.cmdline()[:3]) for p in _session(proc.pid)]
-  for process in _session(proc.pid):
-    process.kill()
-  assert left == [], f"processes left behind: {left}\n{err[-2000:]}"
-  watch.join()
-  leaked = (set(os.listdir("/dev/shm")) - shm_before) & watch.seen
-  assert watch.seen, "the run used no /dev/shm entry: the watch saw nothing"
-  assert leaked == set(), f"/dev/shm entries left behind: {sorted(leaked)[:5]}"
-  return proc.returncode, out, err
 
 
 def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 180):
@@ -169,11 +78,11 @@ def test_sigterm_saves_at_the_next_step_and_the_resumed_run_continues_exactly(
 ):
   out = tmp_path / "runs"
   shm = set(os.listdir("/dev/shm"))
-  proc = _start(_train_argv(_overrides(sample_dir, out, "cut", 100000)), jax_cache)
+  proc = process_helpers.start(_train_argv(_overrides(sample_dir, out, "cut", 100000)), jax_cache)
   _wait_for_step(out / "cut" / "metrics.jsonl", 3, proc)
   os.kill(proc.pid, signal.SIGTERM)  # the main process only, as Slurm or Kubernetes do
   signalled = time.monotonic()
-  code, out_text, err = _finish(proc, shm, timeout=60)
+  code, out_text, err = process_helpers.finish(proc, shm, timeout=60)
   assert time.monotonic() - signalled < 60
   assert code == 128 + signal.SIGTERM, err[-2000:]
   saved = [int(p.name) for p in (out / "cut" / "checkpoints").iterdir() if p.name.isdigit()]
@@ -183,13 +92,13 @@ def test_sigterm_saves_at_the_next_step_and_the_resumed_run_continues_exactly(
 
   steps = cut_at + 3
   shm = set(os.listdir("/dev/shm"))
-  code, _, err = _finish(
-    _start(_train_argv(_overrides(sample_dir, out, "cut", steps)), jax_cache), shm
+  code, _, err = process_helpers.finish(
+    process_helpers.start(_train_argv(_overrides(sample_dir, out, "cut", steps)), jax_cache), shm
   )
   assert code == 0, err[-2000:]
   shm = set(os.listdir("/dev/shm"))
-  code, _, err = _finish(
-    _start(_train_argv(_overrides(sample_dir, out, "whole", steps)), jax_cache), shm
+  code, _, err = process_helpers.finish(
+    process_helpers.start(_train_argv(_overrides(sample_dir, out, "whole", steps)), jax_cache), shm
   )
   assert code == 0, err[-2000:]
   whole = _losses(out / "whole" / "metrics.jsonl")
@@ -200,10 +109,12 @@ def test_sigterm_saves_at_the_next_step_and_the_resumed_run_continues_exactly(
 def test_ctrl_c_to_the_process_group_leaves_nothing(tmp_path, sample_dir, jax_cache):
   out = tmp_path / "runs"
   shm = set(os.listdir("/dev/shm"))
-  proc = _start(_train_argv(_overrides(sample_dir, out, "interrupted", 100000)), jax_cache)
+  proc = process_helpers.start(
+    _train_argv(_overrides(sample_dir, out, "interrupted", 100000)), jax_cache
+  )
   _wait_for_step(out / "interrupted" / "metrics.jsonl", 2, proc)
   os.killpg(proc.pid, signal.SIGINT)
-  code, _, err = _finish(proc, shm, timeout=60)
+  code, _, err = process_helpers.finish(proc, shm, timeout=60)
   assert code == 130, err[-2000:]
 
 
@@ -254,10 +165,12 @@ def test_an_exception_in_the_loop_and_a_normal_end_leave_nothing(tmp_path, sampl
   script.write_text(_RAISING)
   overrides = json.dumps(_overrides(sample_dir, out, "raising", 10))
   shm = set(os.listdir("/dev/shm"))
-  code, _, err = _finish(_start([sys.executable, str(script), overrides], jax_cache), shm)
+  code, _, err = process_helpers.finish(
+    process_helpers.start([sys.executable, str(script), overrides], jax_cache), shm
+  )
   assert code == 1 and "RuntimeError: step 3 fails" in err, err[-2000:]
 
   shm = set(os.listdir("/dev/shm"))
   argv = _train_argv(_overrides(sample_dir, out, "normal", 5))
-  code, _, err = _finish(_start(argv, jax_cache), shm)
+  code, _, err = process_helpers.finish(process_helpers.start(argv, jax_cache), shm)
   assert code == 0, err[-2000:]

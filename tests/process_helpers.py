@@ -1,0 +1,119 @@
+"""Child runs in their own session, and what they leave behind: processes and /dev/shm entries.
+
+`start(argv)` runs a command in a new session with SIGINT's default disposition (a process
+started from a background job inherits SIGINT ignored, and Python then never raises
+KeyboardInterrupt) and samples the /dev/shm entries the session's processes open or map while
+it runs: other processes on the machine create and remove /dev/shm entries too, so a plain
+before/after count of the folder would blame them. `finish(proc, shm_before)` waits for it and
+asserts that no process of the session and no /dev/shm entry it used is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start(argv: list[str], jax_cache: str) -> subprocess.Popen:
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=str(REPO),
+    JAX_COMPILATION_CACHE_DIR=jax_cache,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+  )
+  proc = subprocess.Popen(
+    argv,
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    start_new_session=True,
+    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+  )
+  proc.shm_watch = _ShmWatch(proc)
+  return proc
+
+
+def session(sid: int) -> list[psutil.Process]:
+  alive = []
+  for process in psutil.process_iter():
+    try:
+      if os.getsid(process.pid) == sid:
+        alive.append(process)
+    except (ProcessLookupError, PermissionError):
+      continue
+  return alive
+
+
+class _ShmWatch(threading.Thread):
+  """Sampled until the session's leader ends: the /dev/shm entries its processes open or map
+  (`seen`) and, per sample, how many child processes besides the resource tracker it has
+  (`most_workers`)."""
+
+  def __init__(self, proc: subprocess.Popen):
+    super().__init__(daemon=True)
+    self.proc = proc
+    self.seen: set[str] = set()
+    self.most_workers: list[int] = []
+    self.start()
+
+  def run(self) -> None:
+    while self.proc.poll() is None:
+      workers = 0
+      for process in session(self.proc.pid):
+        self.seen.update(_shm_of(process.pid))
+        try:
+          command = " ".join(process.cmdline())
+        except psutil.Error:
+          continue
+        workers += process.pid != self.proc.pid and "resource_tracker" not in command
+      self.most_workers.append(workers)
+      time.sleep(0.05)
+
+
+def _shm_of(pid: int) -> set[str]:
+  names = set()
+  try:
+    with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+      names.update(line.split("/dev/shm/")[1].split()[0] for line in f if "/dev/shm/" in line)
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+      target = os.readlink(f"/proc/{pid}/fd/{fd}")
+      if target.startswith("/dev/shm/"):
+        names.add(target.removeprefix("/dev/shm/").split()[0])
+  except OSError:
+    pass
+  return names
+
+
+def finish(proc: subprocess.Popen, shm_before: set[str], timeout: float = 120):
+  """Waits for `proc`; asserts nothing of its session and no /dev/shm entry it used is left."""
+  watch = proc.shm_watch
+  try:
+    out, err = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    pytest.fail(f"run still going {timeout} s after it was asked to end")
+  deadline = time.monotonic() + 30
+  while session(proc.pid) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  left = [" ".join(p.cmdline()[:3]) for p in session(proc.pid)]
+  for process in session(proc.pid):
+    process.kill()
+  assert left == [], f"processes left behind: {left}\n{err[-2000:]}"
+  watch.join()
+  leaked = (set(os.listdir("/dev/shm")) - shm_before) & watch.seen
+  assert watch.seen, "the run used no /dev/shm entry: the watch saw nothing"
+  assert leaked == set(), f"/dev/shm entries left behind: {sorted(leaked)[:5]}"
+  return proc.returncode, out, err
