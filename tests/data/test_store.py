@@ -279,3 +279,81 @@ def test_assemble_counts_the_statistics_across_pieces(tmp_path):
   assert expected[1].sum() > 5  # long gaps inside and across pieces
   for got, want in zip(split.probe_counts(), expected, strict=True):
     np.testing.assert_array_equal(got, want)
+
+
+def _slow_compute(log: str) -> dict:
+  with open(log, "a") as f:
+    f.write("computed\n")
+  import time  # noqa: PLC0415
+
+  time.sleep(0.5)
+  return {"a": np.arange(1000), "b": np.ones((10, 2), np.uint8)}
+
+
+def _cached_in_child(folder: str, log: str, out: str) -> None:
+  arrays = store.cached_arrays(folder, "k", lambda: _slow_compute(log))
+  np.save(out, arrays["a"])
+
+
+def test_cached_arrays_are_computed_once_and_mapped_by_every_process(tmp_path):
+  folder, log = str(tmp_path / "derived"), str(tmp_path / "log")
+  context = multiprocessing.get_context("spawn")
+  children = [
+    context.Process(target=_cached_in_child, args=(folder, log, str(tmp_path / f"{i}.npy")))
+    for i in range(3)
+  ]
+  for child in children:
+    child.start()
+  for child in children:
+    child.join(60)
+    assert child.exitcode == 0
+  assert open(log).read() == "computed\n"  # one process computed, the others waited
+  for i in range(3):
+    np.testing.assert_array_equal(np.load(tmp_path / f"{i}.npy"), np.arange(1000))
+  mapped = store.cached_arrays(folder, "k", lambda: pytest.fail("computed again"))
+  assert isinstance(mapped["a"], np.memmap) and mapped["b"].shape == (10, 2)
+  # Writing another key prunes what `prune` names; an unwritable folder computes in place.
+  store.cached_arrays(folder, "k2", lambda: {"a": np.zeros(1)}, prune=lambda name: name == "k")
+  assert sorted(n for n in os.listdir(folder) if not n.startswith(".")) == ["k2"]
+  (tmp_path / "file").write_text("")
+  plain = store.cached_arrays(str(tmp_path / "file" / "x"), "k", lambda: {"a": np.ones(3)})
+  assert not isinstance(plain["a"], np.memmap) and plain["a"].sum() == 3
+
+
+def test_epoch_plans_are_kept_beside_the_store_and_mapped(sample_dir, tmp_path):
+  import dataclasses  # noqa: PLC0415
+
+  from maxtext_netdata import config  # noqa: PLC0415
+  from maxtext_netdata.data import prepare  # noqa: PLC0415
+  from maxtext_netdata.input_pipeline import epoch_plan  # noqa: PLC0415
+  from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: PLC0415
+
+  cfg = config.load(None, [f"grain_train_files={sample_dir}", f"network_prepared_dir={tmp_path}"])
+  train = prepare.prepare(cfg, progress=False).train
+  builder = BatchBuilder.from_config(cfg, train, 8)
+  plan = builder.plan(0)
+  plans_dir = os.path.join(train.path, epoch_plan.PLANS_DIR)
+  assert len([n for n in os.listdir(plans_dir) if not n.startswith(".")]) == 1
+  # A worker's copy of the builder maps the same files instead of planning again.
+  worker = pickle.loads(pickle.dumps(builder))
+  mapped = worker.plan(0)
+  assert isinstance(mapped.order.base, np.memmap)
+  # The kept plan is the plan computed in memory.
+  fresh = epoch_plan.plan_epoch(
+    dataclasses.replace(builder.stats, plans_dir=None),
+    seq_len=cfg.max_target_length,
+    seed=cfg.data_shuffle_seed,
+    epoch=0,
+    packing=cfg.packing,
+    shuffle=cfg.enable_data_shuffling,
+  )
+  for field in dataclasses.fields(fresh):
+    np.testing.assert_array_equal(getattr(mapped, field.name), getattr(fresh, field.name))
+    np.testing.assert_array_equal(getattr(plan, field.name), getattr(fresh, field.name))
+  # Plans more than one epoch behind go as later ones are written; other seeds stay.
+  for epoch in (1, 2, 3):
+    builder.plan(epoch)
+  other = BatchBuilder.from_config(cfg, train, 8, seed=99)
+  other.plan(0)
+  names = sorted(n for n in os.listdir(plans_dir) if not n.startswith("."))
+  assert len(names) == 3  # epochs 2 and 3 of seed 3, epoch 0 of seed 99
