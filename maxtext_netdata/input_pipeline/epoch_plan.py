@@ -30,6 +30,10 @@ never on workers, hosts or restarts.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
+import os
 
 import numpy as np
 
@@ -41,6 +45,7 @@ from maxtext_netdata.input_pipeline import rng
 _DELTA1_LENGTH = tk.TS_BLOCK_LENGTH[tk.TS_DELTA1]
 _DELTA4_LENGTH = tk.TS_BLOCK_LENGTH[tk.TS_DELTA4]
 _FAILED_SAVING = tk.RESULT_BLOCK_LENGTH[False] - tk.RESULT_BLOCK_LENGTH[True]
+PLANS_DIR = "plans"  # a split's folder of cached epoch plans
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +54,7 @@ class ProbeStats:
 
   offsets: np.ndarray  # int64 [P+1]
   mean_length: np.ndarray  # float64 [P] expected tokens per measurement
+  plans_dir: str | None = None  # where a prepared store keeps its plans (`plan_epoch`)
 
   @property
   def num_probes(self) -> int:
@@ -83,7 +89,9 @@ def probe_stats(store, mode_weights, chunk_rows: int = 1 << 24) -> ProbeStats:
   long_share = long_gap_sum / safe
   stamp = _DELTA1_LENGTH + (_DELTA4_LENGTH - _DELTA1_LENGTH) * long_share
   mean = base - _FAILED_SAVING * failed_sum / safe + stamped * stamp
-  return ProbeStats(offsets=offsets, mean_length=mean)
+  path = getattr(store, "path", None)
+  plans_dir = os.path.join(path, PLANS_DIR) if isinstance(path, str) else None
+  return ProbeStats(offsets=offsets, mean_length=mean, plans_dir=plans_dir)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +165,53 @@ def _first_fit(sizes: list[float], budget: float, open_limit: int = 16) -> list[
 def plan_epoch(
   stats: ProbeStats, *, seq_len: int, seed: int, epoch: int, packing: bool, shuffle: bool
 ) -> EpochPlan:
-  """The plan of one epoch (see the module docstring)."""
+  """The plan of one epoch (see the module docstring).
+
+  For a prepared store (`stats.plans_dir`) the plan is computed by one process and kept beside
+  the store (`store.cached_arrays`), and every process and Grain worker maps it: one copy in
+  page cache, not one per worker, and one computation at each epoch boundary. Plans of this
+  key more than one epoch behind are deleted as a new one is written.
+  """
+  params = dict(seq_len=seq_len, seed=seed, epoch=epoch, packing=packing, shuffle=shuffle)
+  if stats.plans_dir is None:
+    return _plan_epoch(stats, **params)
+  key = _plan_key(stats, params)
+
+  def stale(name: str) -> bool:
+    prefix, _, number = name.rpartition("-e")
+    return prefix == key and number.isdigit() and int(number) < epoch - 1
+
+  arrays = store_lib.cached_arrays(
+    stats.plans_dir,
+    f"{key}-e{epoch}",
+    lambda: dataclasses.asdict(_plan_epoch(stats, **params)),
+    prune=stale,
+  )
+  return EpochPlan(**{name: np.asarray(array) for name, array in arrays.items()})
+
+
+@functools.cache
+def _code_digest() -> bytes:
+  """The planner's source: a cached plan is stale once the code that made it changes."""
+  digest = hashlib.sha256()
+  for module in (__file__, rng.__file__):
+    with open(module, "rb") as f:
+      digest.update(f.read())
+  return digest.digest()
+
+
+def _plan_key(stats: ProbeStats, params: dict) -> str:
+  """What a plan depends on besides its epoch: code, probe sizes and statistics, keys."""
+  digest = hashlib.sha256(_code_digest())
+  digest.update(np.ascontiguousarray(stats.offsets).tobytes())
+  digest.update(np.ascontiguousarray(stats.mean_length).tobytes())
+  digest.update(json.dumps({k: v for k, v in params.items() if k != "epoch"}).encode())
+  return digest.hexdigest()[:16]
+
+
+def _plan_epoch(
+  stats: ProbeStats, *, seq_len: int, seed: int, epoch: int, packing: bool, shuffle: bool
+) -> EpochPlan:
   long_probe, long_start, _, short_probe, short_start, short_end = pieces(
     stats, seq_len, rng.stream_key(seed, epoch, rng.JITTER)
   )
