@@ -293,12 +293,12 @@ def _make_create_data_iterator(interface, original, iterator_class):
       )
     import jax  # noqa: PLC0415
 
-    from maxtext_netdata.data import prepare  # noqa: PLC0415
+    from maxtext_netdata.data import store_check  # noqa: PLC0415
     from maxtext_netdata.distributed import multihost  # noqa: PLC0415
     from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: PLC0415
 
     ours = network_config(config)
-    splits = prepare.ensure_prepared(ours, progress=jax.process_index() == 0)
+    splits = store_check.prepare_once(ours)  # process 0 first; all hold the same store
 
     def loader(batch_size, store, is_training):
       processes = interface.get_process_loading_real_data(
