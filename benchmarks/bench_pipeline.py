@@ -1,46 +1,78 @@
-"""End-to-end speed of the network_grain pipeline against a naive per-row pipeline.
+"""End-to-end speed of the network_grain pipeline beside this machine's memory-copy ceiling.
 
-    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_pipeline.py [--rows 200000]
-        [--batch 256] [--batches 40] [--seq-len 1024]
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_pipeline.py [--rows 1000000]
+        [--sizes 8,64,256] [--batches 40] [--seq-len 1024] [--dir DIR]
 
-On one generated sample (`maxtext-netdata generate` defaults: 200k rows, 4 shards), prepared
-once, prints:
-- the batch builder's stages called directly (gather, build, shift_data), CPU ms per batch and
-  real tokens per CPU second;
-- real (non-PAD) tokens/s from the prepared store to shifted host batches, in-process
-  (grain_worker_count=0) and with 2 worker processes, as wall rate and per busy core
-  (tokens / CPU seconds of this process and its workers);
-- time to the first batch of each (iterator creation to first batch, workers included);
-- the padding share of those batches;
-- a deliberately naive pipeline (per measurement Python: address text, per-block token lists
-  as in tests/reference_tokenizer.py, one probe window per sequence, padded) on the same
-  store, and the ratio of per-core rates.
+On one generated sample (`maxtext-netdata generate`, `--rows` rows), prepared once, prints:
+- the batch kernel's first-ever compile (a fresh process with an empty NUMBA_CACHE_DIR) and
+  its load from the on-disk cache (another fresh process);
+- per host batch size (rows x seq-len), in-process (grain_worker_count=0), with Grain's read
+  threads (grain_num_threads=2, the default) and without (0): real (non-PAD) tokens per CPU
+  second of this process from the store to global `jax.Array`s (the Grain iterator, then
+  `interface.to_global`), the time to the first global batch from iterator creation (a fresh
+  builder: its epoch plan included; JAX warmed up first), ms per batch in the iterator's `next`
+  and in to_global (`bench_e2e.py`), and the kernel's pass alone;
+- the physical ceiling for the same output: a memcpy of the batch's six int32 arrays into
+  reused buffers, as real tokens per second, and the share of it the pipeline reaches;
+- with 2 worker processes, both placements of ShiftData (in the main process on the three
+  inputs arrays the workers send, or in the workers' kernel pass, sending six): wall rate,
+  rate per busy core (CPU of this process and its workers), and where the time goes (main
+  process waiting for a batch, ShiftData, to_global; worker CPU per batch).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
+import subprocess
 import sys
 import tempfile
 import time
 
+import grain
+import jax
 import numpy as np
 import psutil
+from absl import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-import reference_tokenizer as ref  # noqa: E402
+import bench_e2e  # noqa: E402
 
 from maxtext_netdata import config as config_lib  # noqa: E402
-from maxtext_netdata.data import prepare  # noqa: E402
-from maxtext_netdata.data.generate import generate  # noqa: E402
 from maxtext_netdata.format import tokens as tk  # noqa: E402
-from maxtext_netdata.input_pipeline import network_grain, transforms  # noqa: E402
-from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: E402
+from maxtext_netdata.input_pipeline import interface, network_grain, transforms  # noqa: E402
+from maxtext_netdata.input_pipeline.sequences import KEYS, BatchBuilder  # noqa: E402
+
+_COMPILE_SCRIPT = """
+import sys, time
+t0 = time.perf_counter()
+from maxtext_netdata.data.store import PreparedStore
+from maxtext_netdata.input_pipeline.sequences import BatchBuilder
+t1 = time.perf_counter()
+b = BatchBuilder(PreparedStore(sys.argv[1]), seq_len=1024, global_batch_size=8, seed=0,
+  packing=True, shuffle=True, mode_weights=(0.4, 0.3, 0.3), field_order="random", num_epoch=-1)
+rows = b.gather(0, 0, 8)
+t2 = time.perf_counter()
+b.build_shifted(rows)
+t3 = time.perf_counter()
+print(f"{t1 - t0:.3f} {t3 - t2:.3f}")
+"""
+
+
+def first_call(store_path: str, cache_dir: str) -> tuple[float, float]:
+  """(import seconds, first kernel call seconds) in a fresh process using `cache_dir`."""
+  env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir, "PYTHONPATH": ROOT}
+  out = subprocess.run(
+    [sys.executable, "-c", _COMPILE_SCRIPT, store_path],
+    capture_output=True,
+    text=True,
+    env=env,
+    check=True,
+  ).stdout.split()
+  return float(out[0]), float(out[1])
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -54,145 +86,143 @@ def cpu_seconds(process: psutil.Process) -> float:
   return total
 
 
-def run_grain(config, builder: BatchBuilder, batch: int, batches: int) -> dict:
-  """Time `batches` host batches through the Grain iterator of `config`."""
+def real_tokens(builder: BatchBuilder, rows: int, steps: range) -> int:
+  """Non-PAD tokens of host batches `steps` (counted apart from the timed runs)."""
+  return sum(
+    int(np.count_nonzero(builder.build(builder.gather(s, 0, rows))["inputs"] != tk.PAD))
+    for s in steps
+  )
+
+
+def kernel_ms(builder: BatchBuilder, rows: int, batches: int) -> float:
+  """ms per host batch of the kernel's pass alone (all six arrays), this thread."""
+  builder.build_shifted(builder.gather(0, 0, rows))
+  start = time.process_time()
+  for step in range(1, batches + 1):
+    builder.build_shifted(builder.gather(step, 0, rows))
+  return 1e3 * (time.process_time() - start) / batches
+
+
+def memcpy_ceiling(host: dict[str, np.ndarray], repeats: int = 200) -> float:
+  """Seconds per copy of the six arrays into reused buffers (median of `repeats`)."""
+  sources = [np.ascontiguousarray(host[k]) for k in KEYS]
+  targets = [np.empty_like(a) for a in sources]
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for target, source in zip(targets, sources, strict=True):
+      np.copyto(target, source)
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def with_workers(config, store, rows: int, batches: int, sharding, shift_in_workers: bool) -> dict:
+  """Two worker processes; ShiftData in the main process or fused in the workers' pass."""
+  builder = BatchBuilder.from_config(config, store, rows)
+  dataset = network_grain.make_dataset(builder, 0, rows, None, shifted=shift_in_workers)
+  dataset = dataset.to_iter_dataset(
+    grain.ReadOptions(
+      num_threads=config.grain_num_threads, prefetch_buffer_size=config.grain_prefetch_buffer_size
+    )
+  ).mp_prefetch(
+    grain.MultiprocessingOptions(
+      num_workers=2, per_worker_buffer_size=config.grain_per_worker_buffer_size
+    )
+  )
   me = psutil.Process()
   start = time.perf_counter()
-  iterator = network_grain.make_iterator(config, builder, 0, batch, builder.num_steps)
-  next(iterator)
-  first_s = time.perf_counter() - start
-  real = total = 0
-  steady_start, steady_cpu = time.perf_counter(), cpu_seconds(me)
-  for _ in range(batches):
-    inputs = next(iterator)["inputs"]
-    real += int(np.count_nonzero(inputs != tk.PAD))
-    total += inputs.size
-  wall = time.perf_counter() - steady_start
-  cpu = cpu_seconds(me) - steady_cpu
-  iterator.close()
-  return {
-    "first_batch_s": first_s,
-    "tokens_per_s": real / wall,
-    "tokens_per_cpu_s": real / cpu,
-    "padding": 1 - real / total,
-  }
-
-
-def run_stages(builder: BatchBuilder, batch: int, batches: int) -> dict:
-  """The builder's stages called directly in this thread (no Grain): CPU seconds per batch."""
-  times = {"gather": 0.0, "build": 0.0, "shift_data": 0.0}
-  real = 0
-  for step in range(batches):
-    t0 = time.process_time()
-    gathered = builder.gather(step, 0, batch)
-    t1 = time.process_time()
-    host = builder.build(gathered)
-    t2 = time.process_time()
+  iterator = iter(dataset)
+  host = next(iterator)
+  if not shift_in_workers:
     host = transforms.shift_data(host)
-    t3 = time.process_time()
-    times["gather"] += t1 - t0
-    times["build"] += t2 - t1
-    times["shift_data"] += t3 - t2
-    real += int(np.count_nonzero(host["inputs"] != tk.PAD))
+  jax.block_until_ready(interface.to_global(host, sharding, rows))
+  first_s = time.perf_counter() - start
+  for _ in range(3):  # let the workers' buffers fill as in steady state
+    next(iterator)
+  wait = shift = device = 0.0
+  wall0, cpu0, main0 = time.perf_counter(), cpu_seconds(me), time.process_time()
+  for _ in range(batches):
+    t0 = time.perf_counter()
+    host = next(iterator)
+    t1 = time.perf_counter()
+    if not shift_in_workers:
+      host = transforms.shift_data(host)
+    t2 = time.perf_counter()
+    jax.block_until_ready(interface.to_global(host, sharding, rows))
+    t3 = time.perf_counter()
+    wait, shift, device = wait + t1 - t0, shift + t2 - t1, device + t3 - t2
+  wall = time.perf_counter() - wall0
+  cpu = cpu_seconds(me) - cpu0
+  main = time.process_time() - main0
+  iterator.close()
+  real = real_tokens(builder, rows, range(4, 4 + batches))
+  ms = 1e3 / batches
   return {
-    "tokens_per_cpu_s": real / sum(times.values()),
-    **{f"{k}_ms": 1e3 * v / batches for k, v in times.items()},
+    "first_s": first_s,
+    "wall_rate": real / wall,
+    "per_cpu_s": real / cpu,
+    "wait_ms": wait * ms,
+    "shift_ms": shift * ms,
+    "device_ms": device * ms,
+    "main_cpu_ms": main * ms,
+    "worker_cpu_ms": (cpu - main) * ms,
   }
-
-
-def _address(raw, version: int) -> str:
-  family = socket.AF_INET if version == 4 else socket.AF_INET6
-  return socket.inet_ntop(family, bytes(raw[: 4 if version == 4 else 16]))
-
-
-def run_naive(store, seq_len: int, sequences: int, seed: int = 0) -> dict:
-  """Per-row Python: a random probe window per sequence, every measurement tokenized alone."""
-  rng = np.random.default_rng(seed)
-  offsets = np.asarray(store.probe_offsets)
-  real = 0
-  start = time.process_time()
-  for _ in range(sequences):
-    probe = int(rng.integers(store.num_probes))
-    lo, hi = int(offsets[probe]), int(offsets[probe + 1])
-    row = int(rng.integers(lo, hi))
-    version = int(store.probe_version[probe])
-    src = _address(store.probe_src[probe], version)
-    tokens: list[int] = []
-    previous = None
-    while row < hi:
-      seconds = int(store.seconds[row])
-      kind = "abs" if previous is None else "delta"
-      value = seconds if previous is None else seconds - previous
-      order = list(ref.FIXED_ORDER)
-      rng.shuffle(order)
-      rtt = -1.0 if store.failed[row] else float(store.rtt_ms[row])
-      measurement = ref.encode_measurement(
-        src, _address(store.dst[row], version), version, rtt, kind, value, order
-      )
-      if len(tokens) + len(measurement) > seq_len:
-        break
-      tokens += measurement
-      previous = seconds
-      row += 1
-    real += len(tokens)
-    _ = np.array(tokens + [tk.PAD] * (seq_len - len(tokens)), dtype=np.int32)
-  cpu = time.process_time() - start
-  return {"tokens_per_cpu_s": real / cpu, "padding": 1 - real / (sequences * seq_len)}
 
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--rows", type=int, default=200_000)
-  parser.add_argument("--shards", type=int, default=4)
-  parser.add_argument("--batch", type=int, default=256, help="sequences per host batch")
+  parser.add_argument("--rows", type=int, default=1_000_000)
+  parser.add_argument("--sizes", default="8,64,256", help="host batch rows, comma-separated")
   parser.add_argument("--batches", type=int, default=40, help="timed batches per variant")
   parser.add_argument("--seq-len", type=int, default=1024)
-  parser.add_argument("--naive-sequences", type=int, default=200)
   parser.add_argument("--dir", help="work folder (default: a temporary one)")
   args = parser.parse_args()
+  flags.FLAGS.mark_as_parsed()  # Grain reads absl flags when it starts workers
 
   work = args.dir or tempfile.mkdtemp(prefix="bench_pipeline_")
-  raw = os.path.join(work, "raw")
-  if not os.path.isdir(raw):
-    generate(raw, rows=args.rows, shards=args.shards, seed=0, progress=False)
-  overrides = [
-    f"grain_train_files={raw}/*.parquet",
-    f"base_output_directory={work}",
-    f"max_target_length={args.seq_len}",
-    f"global_batch_size_to_load={args.batch}",
-    "num_epoch=-1",
-  ]
-  config = config_lib.load(None, [*overrides, "grain_worker_count=0"])
-  store = prepare.ensure_prepared(config, progress=False).train
+  overrides, store = bench_e2e.sample(work, args.rows, args.seq_len)
+  config = config_lib.load(None, overrides)
+  print(f"store: {store.num_rows} rows, {store.num_probes} probes; {os.cpu_count()} cores")
+  with tempfile.TemporaryDirectory(prefix="numba_cache_") as cache:
+    import_s, compile_s = first_call(store.path, cache)
+    _, load_s = first_call(store.path, cache)
   print(
-    f"store: {store.num_rows} rows, {store.num_probes} probes; batch {args.batch} x {args.seq_len}"
+    f"batch kernel: first-ever compile {compile_s:.2f} s (import {import_s:.2f} s); from the"
+    f" on-disk cache in a new process {load_s:.3f} s (first 8x{args.seq_len} batch included)"
   )
-
-  stages = run_stages(BatchBuilder.from_config(config, store, args.batch), args.batch, args.batches)
+  sharding = bench_e2e.one_device_sharding()
   print(
-    f"builder alone (no Grain, one thread): {stages['tokens_per_cpu_s'] / 1e6:.1f}M real"
-    f" tokens/s per core; per batch gather {stages['gather_ms']:.2f} ms, build"
-    f" {stages['build_ms']:.2f} ms, shift_data {stages['shift_data_ms']:.2f} ms"
+    "in-process, store -> global arrays: real tokens/s per core (wall) | first batch |"
+    " next, to_global ms per batch | memcpy ceiling (share)"
   )
-  results = {}
-  for workers in (0, 2):
-    config = config_lib.load(None, [*overrides, f"grain_worker_count={workers}"])
-    builder = BatchBuilder.from_config(config, store, args.batch)
-    results[workers] = r = run_grain(config, builder, args.batch, args.batches)
+  for rows in (int(s) for s in args.sizes.split(",")):
+    for threads in (2, 0):
+      threaded = config_lib.load(None, [*overrides, f"grain_num_threads={threads}"])
+      r = bench_e2e.in_process(threaded, store, rows, args.batches, sharding)
+      ceiling = r["real_per_batch"] / memcpy_ceiling(r["host"])
+      print(
+        f"  {rows:4d} x {args.seq_len}, {threads} read threads: {r['per_cpu_s'] / 1e6:6.1f}M"
+        f" ({r['wall_rate'] / 1e6:.1f}M) | {r['first_s']:.3f} s | {r['next_ms']:.2f},"
+        f" {r['to_global_ms']:.2f} | {ceiling / 1e6:.0f}M ({r['per_cpu_s'] / ceiling:.0%});"
+        f" padding {r['padding']:.2%}"
+      )
+    alone = kernel_ms(BatchBuilder.from_config(config, store, rows), rows, args.batches)
     print(
-      f"grain_worker_count={workers}: first batch {r['first_batch_s']:.2f} s;"
-      f" {r['tokens_per_s'] / 1e6:.1f}M real tokens/s wall,"
-      f" {r['tokens_per_cpu_s'] / 1e6:.1f}M per busy core; padding {r['padding']:.2%}"
+      f"  {rows:4d} x {args.seq_len}, the kernel's pass alone: {alone:.2f} ms per batch,"
+      f" {r['real_per_batch'] / alone / 1e3:.0f}M real tokens/s per core"
     )
-  naive = run_naive(store, args.seq_len, args.naive_sequences)
-  print(
-    f"naive per-row pipeline: {naive['tokens_per_cpu_s'] / 1e6:.3f}M real tokens/s per core;"
-    f" padding {naive['padding']:.2%}"
-  )
-  print(
-    f"speed-up per core, in-process vs naive: "
-    f"{results[0]['tokens_per_cpu_s'] / naive['tokens_per_cpu_s']:.0f}x"
-  )
+  print("2 workers, store -> global arrays:")
+  for rows in (int(s) for s in args.sizes.split(",")):
+    for in_workers in (False, True):
+      w = with_workers(config, store, rows, args.batches, sharding, in_workers)
+      print(
+        f"  {rows:4d} x {args.seq_len}, ShiftData in {'workers' if in_workers else 'main   '}:"
+        f" {w['wall_rate'] / 1e6:6.1f}M real tokens/s wall, {w['per_cpu_s'] / 1e6:5.1f}M per"
+        f" busy core; first batch {w['first_s']:.2f} s; per batch: main waits"
+        f" {w['wait_ms']:.2f} ms, ShiftData {w['shift_ms']:.2f}, to_global"
+        f" {w['device_ms']:.2f}; CPU main {w['main_cpu_ms']:.2f} ms, workers"
+        f" {w['worker_cpu_ms']:.2f} ms"
+      )
   return 0
 
 
