@@ -9,8 +9,9 @@ prints wall time, rows per CPU-second, peak RSS and store bytes per row. CPU sec
 pyarrow's decode threads: "rows per CPU-second" is the per-core rate. Then a second child
 loads `--load-steps` batches of `configs/latency_network.yml` from that store with
 `--workers` Grain workers and prints the first batch's time, real (non-padding) tokens per
-second and each worker's RSS and USS (USS: its own pages, without the store's shared page
-cache).
+second and each worker's RSS, USS and anonymous memory (USS: pages no other process maps,
+which includes store pages only it has read; anonymous: its heap and arrays, what it holds
+beyond page cache).
 """
 
 from __future__ import annotations
@@ -68,6 +69,22 @@ def _child(data_dir: str, prepared_dir: str, hashed: bool) -> None:
   )
 
 
+def _anonymous_bytes(pid: int) -> int:
+  """The process's anonymous memory (heap, arrays): what it holds beyond mapped files.
+
+  USS also counts file pages that only this process has mapped (store pages it alone read),
+  which are page cache the kernel can drop; anonymous memory is what the process really holds.
+  """
+  try:
+    with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("Anonymous:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return 0
+
+
 def _load_child(data_dir: str, prepared_dir: str, steps: int, workers: int) -> None:
   """Load `steps` batches from the prepared store and print the figures as one JSON line."""
   import numpy as np  # noqa: PLC0415
@@ -105,7 +122,9 @@ def _load_child(data_dir: str, prepared_dir: str, steps: int, workers: int) -> N
       tokens += int(np.count_nonzero(batch["targets_segmentation"]))
   seconds = time.perf_counter() - after_first
   children = psutil.Process().children(recursive=True)
-  workers_mem = [(c.memory_info().rss, c.memory_full_info().uss) for c in children]
+  workers_mem = [
+    (c.memory_info().rss, c.memory_full_info().uss, _anonymous_bytes(c.pid)) for c in children
+  ]
   print(
     json.dumps(
       {
@@ -197,8 +216,11 @@ def main() -> int:
       f"real tokens/s         {loading['tokens_per_s']:,.0f} ({args.load_steps - 1} batches of 8)"
     )
     print(f"main process RSS      {loading['main_rss'] / 2**20:,.0f} MiB")
-    for k, (rss, uss) in enumerate(loading["workers"]):
-      print(f"worker {k} RSS / USS    {rss / 2**20:,.0f} / {uss / 2**20:,.0f} MiB")
+    for k, (rss, uss, anonymous) in enumerate(loading["workers"]):
+      print(
+        f"worker {k} RSS / USS / anonymous  {rss / 2**20:,.0f} / {uss / 2**20:,.0f}"
+        f" / {anonymous / 2**20:,.0f} MiB"
+      )
   return 0
 
 

@@ -37,8 +37,11 @@ from maxtext_netdata.errors import UserError
 from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS, BatchBuilder
 from maxtext_netdata.input_pipeline.transforms import ShiftData
 
-# Memory of one worker process besides its batches: Python, numpy, Grain and an epoch plan.
-_WORKER_BASE_MB = 300
+# Memory a worker process holds besides its batches: Python, numpy, numba, Grain. Measured USS
+# (= its anonymous memory) 128 MiB with stores of 1M and 4M rows (benchmarks/bench_prepare.py):
+# probe statistics and epoch plans are mapped from files beside the store, page cache shared
+# by all workers, so nothing here grows with the store.
+_WORKER_BASE_MB = 160
 
 POSITION_FORMAT = "netdata-position-1"
 

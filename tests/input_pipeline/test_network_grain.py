@@ -205,7 +205,7 @@ def test_auto_worker_count_respects_cores_and_memory(store, monkeypatch):
   monkeypatch.setattr(network_grain, "usable_cores", lambda: 8)
   config, _ = make(store, "grain_worker_count=-1", "grain_ram_budget_mb=100000")
   assert network_grain.worker_count(config, host_batch_bytes=2**20) == 8
-  config, _ = make(store, "grain_worker_count=-1", "grain_ram_budget_mb=700")
+  config, _ = make(store, "grain_worker_count=-1", "grain_ram_budget_mb=400")
   assert network_grain.worker_count(config, host_batch_bytes=2**20) == 2
   config, _ = make(store, "grain_worker_count=-1", "grain_ram_budget_mb=1")
   assert network_grain.worker_count(config, host_batch_bytes=2**20) == 1
