@@ -1,0 +1,93 @@
+"""The compiled batch kernel (input_pipeline/batch_kernel.py): compiled once, then loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pipeline_helpers
+import pytest
+
+from maxtext_netdata.input_pipeline import epoch_plan, rng
+from maxtext_netdata.input_pipeline.sequences import BatchBuilder, BatchRows
+
+_FIRST_BATCH = """
+import json, sys, time
+from maxtext_netdata.data.store import PreparedStore
+from maxtext_netdata.input_pipeline import batch_kernel
+from maxtext_netdata.input_pipeline.sequences import BatchBuilder
+b = BatchBuilder(PreparedStore(sys.argv[1]), seq_len=256, global_batch_size=4, seed=0,
+  packing=True, shuffle=True, mode_weights=(0.4, 0.3, 0.3), field_order="random", num_epoch=-1)
+rows = b.gather(0, 0, 4)
+start = time.perf_counter()
+b.build_shifted(rows)
+b.build(rows)
+stats = batch_kernel.fill_batch.stats
+print(json.dumps({"seconds": time.perf_counter() - start,
+  "hits": sum(stats.cache_hits.values()), "misses": sum(stats.cache_misses.values())}))
+"""
+
+
+@pytest.mark.slow
+def test_a_new_process_loads_the_kernel_from_the_disk_cache(tmp_path):
+  """The first process ever compiles and stores the kernel; every later one (a spawned Grain
+  worker included) loads it from the on-disk cache instead of compiling."""
+  store = pipeline_helpers.write_store(str(tmp_path / "train"), probes=20)
+  env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba_cache")}
+
+  def first_batch() -> dict:
+    result = subprocess.run(
+      [sys.executable, "-c", _FIRST_BATCH, store.path],
+      capture_output=True,
+      text=True,
+      env=env,
+      check=True,
+      timeout=300,
+    )
+    return json.loads(result.stdout)
+
+  first = first_batch()
+  assert first["misses"] == 1 and first["hits"] == 0, first
+  assert os.listdir(tmp_path / "numba_cache"), "the compiled kernel is stored on disk"
+  later = first_batch()
+  assert later["misses"] == 0 and later["hits"] == 1, later
+  assert later["seconds"] < first["seconds"]
+
+
+def test_the_kernel_refuses_a_context_counter_past_its_bits(tmp_path):
+  """A row with more contexts than 12 bits count would reuse draws of its first contexts:
+  the kernel raises instead (BatchBuilder refuses such sequence lengths before)."""
+  store = pipeline_helpers.write_store(str(tmp_path / "train"), probes=20)
+  b = BatchBuilder(
+    store,
+    seq_len=1024,
+    global_batch_size=1,
+    seed=0,
+    packing=False,
+    shuffle=True,
+    mode_weights=(0.0, 0.0, 1.0),
+    field_order="fixed",
+    num_epoch=-1,
+  )
+  contexts = rng.COUNTER_LIMIT + 1
+  ipv4 = int(np.flatnonzero(np.asarray(store.probe_version) == 4)[0])
+  start = int(store.probe_offsets[ipv4])
+  plan = epoch_plan.EpochPlan(
+    context_offsets=np.array([0, contexts]),
+    context_probe=np.full(contexts, ipv4),
+    context_start=np.full(contexts, start),
+    context_end=np.full(contexts, start + 1),
+    order=np.array([0]),
+  )
+  rows = BatchRows(epoch=0, plan=plan, plan_rows=np.array([0]))
+  b.seq_len = 24 * contexts  # room for every context: past the builder's own check
+  with pytest.raises(ValueError, match="counter past its limit"):
+    b.build(rows)
+  # One context fewer: every counter fits, the row is built.
+  fits = dataclasses.replace(plan, context_offsets=np.array([0, contexts - 1]))
+  batch = b.build(BatchRows(epoch=0, plan=fits, plan_rows=np.array([0])))
+  assert batch["inputs_segmentation"].max() == contexts - 1
