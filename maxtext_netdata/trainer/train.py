@@ -31,13 +31,10 @@ import optax
 from maxtext_netdata.config import Config, ConfigError, initialize, load
 from maxtext_netdata.distributed import multihost
 from maxtext_netdata.distributed.mesh import batch_sharding, make_mesh, replicated
+from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline.interface import global_batch_size
 from maxtext_netdata.trainer import checkpointing, evaluation, model
 from maxtext_netdata.trainer.metric_logger import MetricLogger
-
-# The longest measurement: start, IPv6 source and destination blocks (1 + 16 each), RTT
-# block (3) and an absolute timestamp (9). A sequence must hold at least one.
-LONGEST_MEASUREMENT_TOKENS = 1 + 17 + 17 + 3 + 9
 
 # Records left out of the summary's timings: the first step compiles, the second one's
 # interval still includes waiting for the first.
@@ -50,10 +47,10 @@ def check_config(config: Config, mesh: jax.sharding.Mesh) -> int:
     model.check_model_config(config)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if config.max_target_length < LONGEST_MEASUREMENT_TOKENS:
+  if config.max_target_length < tk.LONGEST_MEASUREMENT:
     raise ConfigError(
       f"max_target_length={config.max_target_length} cannot hold one measurement: an IPv6"
-      f" measurement with an absolute timestamp takes {LONGEST_MEASUREMENT_TOKENS} tokens"
+      f" measurement with an absolute timestamp takes {tk.LONGEST_MEASUREMENT} tokens"
     )
   return global_batch_size(config, mesh)
 
