@@ -39,6 +39,8 @@ _SHORTEST_V4 = tk.SHORTEST_MEASUREMENT[4]
 _SHORTEST_V6 = tk.SHORTEST_MEASUREMENT[6]
 _ADDRESS_V4 = tk.ADDRESS_BLOCK_LENGTH[4]
 _ADDRESS_V6 = tk.ADDRESS_BLOCK_LENGTH[6]
+_RESULT_OK = tk.RESULT_BLOCK_LENGTH[False]
+_RESULT_FAILED = tk.RESULT_BLOCK_LENGTH[True]
 
 
 @numba.njit(inline="always")
@@ -181,7 +183,8 @@ def fill_batch(
             value = min(delta, tk.DELTA4_MAX)
           clock = now
           have_clock = True
-        length = 1 + 2 * address + (1 if failed[row] else 3) + _TS_LENGTH[kind]
+        result = _RESULT_FAILED if failed[row] else _RESULT_OK
+        length = 1 + 2 * address + result + _TS_LENGTH[kind]
         if used + length > room:
           break
         lengths[j] = length
