@@ -196,3 +196,36 @@ def test_mismatch_names_what_differs(sample_dir, tmp_path):
   assert "1 process(es) hold the same fingerprint but other counts" in message
   assert "process 2 holds" in message and "process 1 " not in message
   assert "\n" not in message
+
+
+def test_a_store_without_its_top_meta_in_the_bucket_is_rebuilt_not_copied(
+  raw_dir, s3_env, tmp_path, monkeypatch
+):
+  for key, value in s3_env.items():
+    monkeypatch.setenv(key, value)
+
+  def prepared(cache: str):
+    cfg = config.load(
+      None,
+      overrides(
+        f"{raw_dir}/*.parquet",
+        network_prepared_dir="s3://stores/partial",
+        network_store_cache_dir=str(tmp_path / cache),
+      ),
+    )
+    return prepare.prepare(cfg, progress=False)
+
+  built = prepared("a")
+  assert "copied_from" not in built.summary
+  fp = built.summary["fingerprint"]
+  s3 = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL_S3"])
+  # An upload cut short before its last file: every split is there, the top meta.json not.
+  s3.delete_object(Bucket="stores", Key=f"partial/{fp}/meta.json")
+  rebuilt = prepared("b")
+  assert "copied_from" not in rebuilt.summary
+  copied = prepared("c")
+  assert copied.summary["copied_from"] == f"s3://stores/partial/{fp}"
+  assert (tmp_path / "c" / fp / "meta.json").read_bytes() == (
+    tmp_path / "b" / fp / "meta.json"
+  ).read_bytes()
+  np.testing.assert_array_equal(copied.train.seconds, built.train.seconds)
