@@ -103,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
   sweep = _parse_sweep(args.sweep_workers)
   if args.steps < 0 or args.batches < 1:
     raise ConfigError(f"--steps={args.steps} must be >= 0 and --batches={args.batches} >= 1")
+  if args.profile and args.steps < 2:
+    raise ConfigError(f"--profile records real-data steps: it needs --steps >= 2, not {args.steps}")
   if args.target_step_time is not None and args.target_step_time <= 0:
     raise ConfigError(f"--target-step-time={args.target_step_time} must be positive")
   if cfg.dataset_type != "network_grain":
@@ -159,9 +161,7 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
     if args.profile:
       with bench_profile.trace(out_dir / "real" / "profile") as trace_dir:
         real = train_and_read_metrics(cfg, args.steps, out_dir / "real")
-      profile = bench_profile.analyze(
-        bench_profile.find_xplane(trace_dir), "train_step", skip_steps=WARMUP_STEPS
-      )
+      profile = bench_profile.read(trace_dir, step_module="train_step", skip_steps=WARMUP_STEPS)
     else:
       real = train_and_read_metrics(cfg, args.steps, out_dir / "real")
 

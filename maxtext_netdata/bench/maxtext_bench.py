@@ -52,8 +52,8 @@ def run(args) -> int:
   path = maxtext_train.resolve_config(args.config)
   if args.steps < 0 or args.batches < 1:
     raise ConfigError(f"--steps={args.steps} must be >= 0 and --batches={args.batches} >= 1")
-  if args.steps and args.steps + benchmark.WARMUP_STEPS < 3 and args.profile:
-    raise ConfigError("--profile needs --steps >= 1")
+  if args.profile and args.steps < 2:
+    raise ConfigError(f"--profile records real-data steps: it needs --steps >= 2, not {args.steps}")
   plugin.install()
   maxtext_run.call_hook(args.loop_hook)
   cfg = load_config(path, args.overrides)
@@ -84,10 +84,8 @@ def run(args) -> int:
       ]
     real = trainer.train("real", extra)
     if args.profile:
-      profile = bench_profile.analyze(
-        bench_profile.find_xplane(out / "real"),
-        "train_step",
-        first_step=benchmark.WARMUP_STEPS,
+      profile = bench_profile.read(
+        out / "real", step_module="train_step", first_step=benchmark.WARMUP_STEPS
       )
 
   if args.target_step_time is not None:

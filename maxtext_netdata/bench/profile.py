@@ -174,6 +174,15 @@ def analyze(
   }
 
 
+def read(log_dir: str | os.PathLike, **kwargs) -> dict:
+  """`analyze` of the newest trace under `log_dir`, or `{"error": why}` when there is none or
+  it cannot be measured: the rest of a bench report stands without its profile."""
+  try:
+    return analyze(find_xplane(log_dir), **kwargs)
+  except (FileNotFoundError, ValueError) as e:
+    return {"error": str(e)}
+
+
 def describe(profile: dict) -> str:
   """One or two sentences on what the trace shows."""
   steps = len(profile["steps"])
@@ -206,6 +215,8 @@ def amend_verdict(verdict: dict, profile: dict) -> dict:
   """
   from maxtext_netdata.bench import report as bench_report
 
+  if "error" in profile:
+    return {"kind": verdict["kind"], "text": f"{verdict['text']} No profile: {profile['error']}"}
   text = f"{verdict['text']} {describe(profile)}"
   kind = verdict["kind"]
   cause = profile["host_waiting_on"]

@@ -315,7 +315,9 @@ def format_table(report: dict) -> str:
         )
       )
   prof = report.get("profile")
-  if prof:
+  if prof and "error" in prof:
+    rows.append(("profile", f"not measured: {prof['error']}"))
+  elif prof:
     gaps = prof["gaps"]
     rows.append(
       (
@@ -358,6 +360,7 @@ def plot(report: dict):
   target_ms = report["target"]["step_time_s"] * 1e3
   runs = [(n, report[n]) for n in ("synthetic", "real") if report.get(n)]
   profile = report.get("profile")
+  profile = profile if profile and "steps" in profile else None
   fig = Figure(figsize=(9, 4 + 3.5 * bool(runs) + 3.5 * bool(profile)))
   axes = fig.subplots(1 + bool(runs) + bool(profile), 1, squeeze=False)
   if profile:

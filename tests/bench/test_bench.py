@@ -313,6 +313,7 @@ def test_bench_worker_sweep_against_accelerator_estimate(tmp_path, raw_files, ca
     (["dataset_type=synthetic"], "dataset_type must be network_grain"),
     (["--sweep-workers=0,x"], "--sweep-workers"),
     (["--batches=0"], "--batches=0"),
+    (["--profile", "--steps=1"], "--profile records real-data steps: it needs --steps >= 2"),
   ],
 )
 def test_bench_bad_config_is_one_line_error(tmp_path, raw_files, capsys, extra, message):

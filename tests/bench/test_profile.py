@@ -28,13 +28,13 @@ def _batches(sleep_s: float):
   while True:
     if sleep_s:
       time.sleep(sleep_s)
-    yield np.full((384, 384), 0.01, np.float32)
+    yield np.full((768, 768), 0.01, np.float32)
 
 
 def _run(tmp_path, *, loader_sleep=0.0, read_then_sleep=0.0) -> dict:
   """STEPS annotated steps of `_step` under the profiler, then the analysis of the trace."""
   batches = _batches(loader_sleep)
-  x = jnp.ones((384, 384))
+  x = jnp.ones((768, 768))
   jax.block_until_ready(_step(x + next(batches)))  # compiled before the trace
   with profile.trace(tmp_path / "trace"):
     for i in range(STEPS + 1):
@@ -50,7 +50,7 @@ def _run(tmp_path, *, loader_sleep=0.0, read_then_sleep=0.0) -> dict:
 
 @pytest.fixture(scope="module")
 def step_s() -> float:
-  x = jnp.ones((384, 384))
+  x = jnp.ones((768, 768))
   jax.block_until_ready(_step(x))
   start = time.perf_counter()
   for _ in range(5):
@@ -102,3 +102,13 @@ def test_too_few_steps_is_a_clear_error(tmp_path):
     jax.block_until_ready(_step(jnp.ones((8, 8))))
   with pytest.raises(ValueError, match="1 runs of the step"):
     profile.analyze(profile.find_xplane(tmp_path / "trace"))
+
+
+def test_a_missing_trace_leaves_the_verdict_and_says_why(tmp_path):
+  result = profile.read(tmp_path)
+  assert result == {"error": f"{tmp_path}: no .xplane.pb profiler trace"}
+  verdict = profile.amend_verdict({"kind": bench_report.BOTTLENECK, "text": "Slow."}, result)
+  assert verdict == {
+    "kind": bench_report.BOTTLENECK,
+    "text": f"Slow. No profile: {result['error']}",
+  }
