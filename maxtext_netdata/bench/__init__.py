@@ -1,6 +1,9 @@
 """`maxtext-netdata bench`: MaxText's pipeline-performance guide as one command (target
-step, loading alone, real-data run, verdict, report and plot), and accelerator peak figures.
+step, loading alone, real-data run, verdict, report and plot), for our configs (`benchmark`)
+and for any MaxText config on MaxText's own trainer and loader (`maxtext_bench`, sub-runs in
+`maxtext_run`); the profile check from a JAX trace (`profile`); accelerator peak figures; a
+generated text corpus for MaxText's text pipeline (`text_corpus`).
 
 May import every room below it (`format`, `data`, `input_pipeline`, `distributed`,
-`trainer`); never `cli`.
+`trainer`, `maxtext`); never `cli`.
 """
