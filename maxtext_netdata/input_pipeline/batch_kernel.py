@@ -235,6 +235,8 @@ def fill_batch(
           permutation = 0
         else:
           permutation = hashed_order[row, 1 if stamped[j] else 0]
+          if permutation >= 24:  # read from disk: never index past the table
+            raise ValueError("batch kernel: a hashed field order in the store is past 23")
         row_inputs[at] = tk.MEASUREMENT_START
         at += 1
         for block_index in range(4):

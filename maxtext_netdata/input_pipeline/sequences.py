@@ -224,23 +224,26 @@ class BatchBuilder:
       keys = np.concatenate([rng.stream_key(self.seed, rows.epoch, p) for p in purposes])
       self._stream_keys = {rows.epoch: keys}
     plan = rows.plan
-    batch_kernel.fill_batch(
-      rows.plan_rows,
-      plan.context_offsets,
-      plan.context_probe,
-      plan.context_start,
-      plan.context_end,
-      *self._store_arrays,
-      keys,
-      self.mode_cdf,
-      batch_kernel.FIELD_ORDERS[self.field_order],
-      FILLERS if self.packing else 0,
-      FILLER_ROWS,
-      _PERMUTATIONS,
-      *inputs,
-      *targets,
-      shifted,
-    )
+    try:
+      batch_kernel.fill_batch(
+        rows.plan_rows,
+        plan.context_offsets,
+        plan.context_probe,
+        plan.context_start,
+        plan.context_end,
+        *self._store_arrays,
+        keys,
+        self.mode_cdf,
+        batch_kernel.FIELD_ORDERS[self.field_order],
+        FILLERS if self.packing else 0,
+        FILLER_ROWS,
+        _PERMUTATIONS,
+        *inputs,
+        *targets,
+        shifted,
+      )
+    except ValueError as e:  # the kernel checks what it reads from the store
+      raise DataError(f"{self.store.path}: {e}") from None
     return out
 
   def build(self, rows: BatchRows) -> dict[str, np.ndarray]:

@@ -91,3 +91,28 @@ def test_the_kernel_refuses_a_context_counter_past_its_bits(tmp_path):
   fits = dataclasses.replace(plan, context_offsets=np.array([0, contexts - 1]))
   batch = b.build(BatchRows(epoch=0, plan=fits, plan_rows=np.array([0])))
   assert batch["inputs_segmentation"].max() == contexts - 1
+
+
+def test_a_corrupted_field_order_in_the_store_is_a_data_error(tmp_path):
+  """The kernel indexes its field-order table with bytes read from disk: one past the table
+  is a one-line DataError naming the store, never a read past the table."""
+  from maxtext_netdata.errors import DataError
+
+  store = pipeline_helpers.write_store(str(tmp_path / "train"), probes=20)
+  path = os.path.join(store.path, "hashed_order.npy")
+  orders = np.load(path)
+  orders[:] = 200
+  np.save(path, orders)
+  b = BatchBuilder(
+    store,
+    seq_len=256,
+    global_batch_size=2,
+    seed=0,
+    packing=True,
+    shuffle=True,
+    mode_weights=(0.4, 0.3, 0.3),
+    field_order="hashed",
+    num_epoch=-1,
+  )
+  with pytest.raises(DataError, match=f"{store.path}: .*hashed field order"):
+    b.build_shifted(b.gather(0, 0, 2))
