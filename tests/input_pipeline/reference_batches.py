@@ -1,6 +1,7 @@
 """A plain numpy reference of the batch kernel's semantics (input_pipeline/batch_kernel.py).
 
-Whole-batch numpy passes, written independently of the kernel: gather every candidate
+The whole-batch numpy builder the kernel replaced, kept as its reference (a different
+algorithm: no shared code beyond `rng` and the tokenizer): gather every candidate
 measurement of every context of the batch, decide modes, timestamps and the fill round by
 round (all first contexts of the rows, then all second ...), sort, encode with the
 vectorized tokenizer, then segment ids and positions. `gather(builder, step, lo, hi)` and
