@@ -336,6 +336,19 @@ def shift(inputs, segmentation, position, targets, targets_segmentation, targets
     )  # fmt: skip
 
 
+# XLA's CPU client aliases a host array instead of copying it only at this alignment; numpy's
+# allocator gives 16 bytes (measured: to_global of a 256 x 1024 batch 1.8 ms against 2.4 ms).
+OUTPUT_ALIGNMENT = 64
+
+
+def empty_output(shape: tuple[int, int]) -> np.ndarray:
+  """An uninitialized int32 array of `shape` whose data starts on OUTPUT_ALIGNMENT bytes."""
+  size = shape[0] * shape[1] * 4
+  raw = np.empty(size + OUTPUT_ALIGNMENT, dtype=np.uint8)
+  start = -raw.ctypes.data % OUTPUT_ALIGNMENT
+  return raw[start : start + size].view(np.int32).reshape(shape)
+
+
 def permutations() -> np.ndarray:
   """The field-order table the kernel reads (tokenizer.PERMUTATIONS, int64)."""
   return PERMUTATIONS.astype(np.int64)

@@ -215,7 +215,7 @@ class BatchBuilder:
     shape = (len(rows.plan_rows), self.seq_len)
     # Fresh arrays: the allocator hands back a freed batch's memory without page faults
     # (measured: a pool of reused arrays saved nothing).
-    out = {key: np.empty(shape, dtype=np.int32) for key in (KEYS if shifted else INPUT_KEYS)}
+    out = {key: batch_kernel.empty_output(shape) for key in (KEYS if shifted else INPUT_KEYS)}
     inputs = [out[key] for key in INPUT_KEYS]
     targets = [out[key] for key in KEYS[3:]] if shifted else inputs
     keys = self._stream_keys.get(rows.epoch)

@@ -44,7 +44,7 @@ def shift_data(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     # The usual case (workers send the inputs arrays): one compiled pass, not five.
     out = {key: batch[key] for key in INPUT_KEYS}
     for key in TARGET_KEYS:
-      out[key] = np.empty_like(batch["inputs"])
+      out[key] = batch_kernel.empty_output(batch["inputs"].shape)
     batch_kernel.shift(*(out[key] for key in (*INPUT_KEYS, *TARGET_KEYS)))
     return out
   targets = _shift_left(batch.get("targets", batch["inputs"]), tk.PAD)
