@@ -98,7 +98,7 @@ def main() -> int:
             print(
               f"  batch {index}: main {sample['main_mib']:.0f} MiB, workers"
               f" {', '.join(f'{m:.0f}' for m in sample['workers_mib'])} MiB,"
-              f" fds {sample['fds']}, /dev/shm {sample['shm']}",
+              f" fds {sample['fds']}, /dev/shm (whole machine) {sample['shm']}",
               flush=True,
             )
     finally:
