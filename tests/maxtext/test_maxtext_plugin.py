@@ -257,3 +257,49 @@ def test_run_with_workers_and_several_evals_leaves_nothing(tmp_path, data_overri
   records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
   assert sum(1 for r in records if "eval/avg_loss" in r) == 3
   assert max(proc.shm_watch.most_workers, default=0) <= 2
+
+
+def test_metric_path_never_waits_for_the_step_it_is_given(tmp_path, data_overrides):
+  """MaxText's metric logger with the plugin's data-wait and padding scalars: handed step n's
+  metrics (a loss still computing on the device), it returns before that loss is ready; a
+  metric path that reads the current step's values would find them ready."""
+  import datetime  # noqa: PLC0415
+
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  from maxtext.common import metric_logger  # noqa: PLC0415
+  from maxtext.input_pipeline import input_pipeline_interface  # noqa: PLC0415
+  from maxtext.utils import maxtext_utils  # noqa: PLC0415
+
+  config = _maxtext_config(
+    *TINY, *data_overrides, f"metrics_file={tmp_path}/metrics.jsonl", "enable_tensorboard=false"
+  )
+  train, evaluation = input_pipeline_interface.create_data_iterator(
+    config, maxtext_utils.get_mesh_from_config(config)
+  )
+
+  @jax.jit
+  def slow_loss(seed):
+    start = jnp.full((384, 384), 0.01) * (1 + 0 * seed)
+    return jnp.sum(jax.lax.fori_loop(0, 150, lambda i, y: jnp.tanh(y @ y), start)) * 0 + seed
+
+  slow_loss(jnp.float32(0)).block_until_ready()  # compiled before the timed calls
+  logger = metric_logger.MetricLogger(config, lambda step: 1e-3)
+  logger.metadata = {
+    metric_logger.MetadataKey.PER_DEVICE_TFLOPS: 1.0,
+    metric_logger.MetadataKey.PER_DEVICE_TOKENS: 1.0,
+  }
+  ready_on_return = []
+  try:
+    for step in range(3):
+      next(train)  # the plugin's feed: this batch's data wait and padding
+      loss = slow_loss(jnp.float32(step))
+      metrics = {"scalar": {"learning/loss": loss, "learning/total_weights": loss}}
+      logger.buffer_and_write_metrics(metrics, step, datetime.timedelta(seconds=0.1))
+      ready_on_return.append(loss.is_ready())
+      assert metrics["scalar"]["perf/data_wait_seconds"] >= 0
+  finally:
+    train.close()
+    if evaluation is not None:
+      evaluation.close()
+  assert ready_on_return == [False] * 3
