@@ -1,7 +1,6 @@
 """The metric logger writes step n-1 while step n runs, and never waits for step n."""
 
 import json
-import time
 
 import jax
 import jax.numpy as jnp
@@ -55,16 +54,10 @@ def test_call_returns_before_the_dispatched_step_finishes_and_writes_one_step_la
   logger.buffer_and_write_train_metrics(first, 0, 1.0)
   assert logger.history == []  # step 0 is only buffered
 
-  dispatched = time.perf_counter()
   second = _metrics(x + 1)
   logger.buffer_and_write_train_metrics(second, 1, 2.0)
-  call_returned = time.perf_counter()
-  jax.block_until_ready(second["loss"])
-  step_finished = time.perf_counter()
-
-  call_time = call_returned - dispatched
-  step_time = step_finished - dispatched
-  assert call_time < 0.5 * step_time, (call_time, step_time)
+  # The call wrote step 0 and returned while step 1 still runs: it never waited for it.
+  assert not second["loss"].is_ready()
   assert [r["step"] for r in logger.history] == [0]
   assert logger.history[0]["loss"] == pytest.approx(float(first["loss"]))
 
