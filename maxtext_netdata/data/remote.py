@@ -156,21 +156,6 @@ def storage_call[T](call: Callable[[], T], *, uri: str, what: str) -> T:
     raise DataError(f"{uri}: cannot {what}: {_short(e)}") from None
 
 
-def with_retries[T](
-  call: Callable[[], T], *, uri: str, what: str, options: StorageOptions | None = None
-) -> T:
-  """`storage_call` under its former name: the retrying now happens in the SDK."""
-  del options
-  return storage_call(call, uri=uri, what=what)
-
-
-def is_permanent(error: BaseException) -> bool:
-  """Whether trying a failed storage call again is pointless: always, since the SDK has
-  already retried whatever was transient within `StorageOptions`' policy."""
-  del error
-  return True
-
-
 def _short(error: BaseException) -> str:
   if isinstance(error, FileNotFoundError):
     return "no such file, bucket or object"
