@@ -194,6 +194,13 @@ ROWS_WORKER = textwrap.dedent(
     local = (rows[:, None] * 1000 + np.arange(5)[None, :]).astype(np.int32)
     array = jax.make_array_from_process_local_data(sharding, local, (batch, 5))
     whole = multihost.gather_to_host({"x": array})["x"]
+    # The pipeline's own placement must give the same array, shard for shard.
+    from maxtext_netdata.input_pipeline import interface
+    placed = interface.to_global({"x": local}, sharding, batch)["x"]
+    same = placed.sharding == array.sharding and placed.shape == array.shape and all(
+        a.device == b.device and a.index == b.index and np.array_equal(a.data, b.data)
+        for a, b in zip(placed.addressable_shards, array.addressable_shards, strict=True))
+    placed_whole = multihost.gather_to_host({"x": placed})["x"]
     print(json.dumps({
         "started": started,
         "process_index": jax.process_index(),
@@ -202,6 +209,8 @@ ROWS_WORKER = textwrap.dedent(
         "range": multihost.process_row_range(batch),
         "sharded_range": sharded_range(sharding),
         "digest": hashlib.sha256(whole.tobytes()).hexdigest(),
+        "placed_same": same,
+        "placed_digest": hashlib.sha256(placed_whole.tobytes()).hexdigest(),
         "expected": hashlib.sha256(
             (np.arange(batch)[:, None] * 1000 + np.arange(5)[None, :]).astype(np.int32).tobytes()
         ).hexdigest(),
@@ -237,6 +246,8 @@ def test_rows_per_process_build_the_same_global_array(num_processes, devices):
   covered = sorted(row for r in reports for row in r["rows"])
   assert covered == list(range(16))
   assert {r["digest"] for r in reports} == {reports[0]["expected"]}
+  assert {r["placed_digest"] for r in reports} == {reports[0]["expected"]}
+  assert all(r["placed_same"] for r in reports)
 
 
 @pytest.mark.slow
@@ -252,6 +263,8 @@ def test_rows_follow_the_sharding_when_the_mesh_interleaves_processes():
   assert reports[1]["rows"] == [4, 5, 6, 7, 12, 13, 14, 15]
   assert "process 0 holds rows [0, 1, 2, 3, 8, 9, 10, 11]" in reports[0]["sharded_range"]
   assert {r["digest"] for r in reports} == {reports[0]["expected"]}
+  assert {r["placed_digest"] for r in reports} == {reports[0]["expected"]}
+  assert all(r["placed_same"] for r in reports)
 
 
 def test_auto_without_a_cluster_is_a_one_line_error():
