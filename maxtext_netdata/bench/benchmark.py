@@ -25,7 +25,7 @@ import numpy as np
 import psutil
 
 from maxtext_netdata import config
-from maxtext_netdata.bench import accelerators
+from maxtext_netdata.bench import accelerators, render
 from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench import report as bench_report
 from maxtext_netdata.config import Config, ConfigError
@@ -118,10 +118,7 @@ def run(args: argparse.Namespace) -> int:
   prepare.ensure_prepared(cfg)
   report_path = Path(args.report) if args.report else cfg.run_dir / "bench" / "report.json"
   report = measure(cfg, args, sweep, report_path.parent)
-  bench_report.write_json(report, report_path)
-  plot_path = bench_report.write_plot(report, report_path.with_suffix(".png"))
-  print(bench_report.format_table(report))
-  print(f"\nreport: {report_path}\nplot:   {plot_path}")
+  render.publish(report, report_path)
   return 0
 
 

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from maxtext_netdata.bench import benchmark
+from maxtext_netdata.bench import benchmark, render
 from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench import report as bench_report
 from maxtext_netdata.config import ConfigError
@@ -140,10 +140,7 @@ def run(args) -> int:
     "profile": profile,
     "verdict": verdict,
   }
-  bench_report.write_json(report, report_path)
-  plot_path = bench_report.write_plot(report, report_path.with_suffix(".png"))
-  print(bench_report.format_table(report))
-  print(f"\nreport: {report_path}\nplot:   {plot_path}")
+  render.publish(report, report_path)
   return 0
 
 

@@ -2,17 +2,14 @@
 
 Everything here works on plain timings, so the decision can be checked on constructed numbers:
 `loading_summary` and `training_summary` condense measurements, `recommend_workers` reads a
-worker-count sweep, `decide` turns the figures into a verdict in plain words, and
-`format_table`, `write_json`, `plot` and `write_plot` present one report dict.
+worker-count sweep, and `decide` turns the figures into a verdict in plain words; `render`
+presents the resulting report dict.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -139,8 +136,8 @@ def recommend_workers(sweep: Sequence[dict], target_step_s: float | None) -> dic
       if s["batch_s"] * SWEEP_HEADROOM <= target_step_s:
         return {
           "workers": s["workers"],
-          "reason": f"the fewest workers loading a batch in {_ms(s['batch_s'])},"
-          f" {target_step_s / s['batch_s']:.1f}x under the {_ms(target_step_s)} step"
+          "reason": f"the fewest workers loading a batch in {ms(s['batch_s'])},"
+          f" {target_step_s / s['batch_s']:.1f}x under the {ms(target_step_s)} step"
           f" (>= {SWEEP_HEADROOM:g}x wanted)",
         }
   best = min(s["batch_s"] for s in by_workers)
@@ -148,7 +145,7 @@ def recommend_workers(sweep: Sequence[dict], target_step_s: float | None) -> dic
   return {
     "workers": pick["workers"],
     "reason": f"the fewest workers within {int((SWEEP_NEAR_BEST - 1) * 100)}% of the fastest"
-    f" ({_ms(pick['batch_s'])} per batch)",
+    f" ({ms(pick['batch_s'])} per batch)",
   }
 
 
@@ -198,8 +195,8 @@ def decide(
   batch_s = loading["batch_s"]
   ratio = target_step_s / batch_s if batch_s > 0 else math.inf
   loading_words = (
-    f"loading takes {_ms(batch_s)} per batch (p90 {_ms(loading['batch_time_s']['p90'])},"
-    f" {loading['workers']} workers) against a {_ms(target_step_s)} step ({target_source})"
+    f"loading takes {ms(batch_s)} per batch (p90 {ms(loading['batch_time_s']['p90'])},"
+    f" {loading['workers']} workers) against a {ms(target_step_s)} step ({target_source})"
   )
   if ratio < 1.0:
     return {
@@ -216,18 +213,18 @@ def decide(
   if slowdown <= SLOWDOWN_TOLERANCE:
     return {
       "kind": NOT_BOTTLENECK,
-      "text": f"{fast} Real-data steps take {_ms(real_step)}, as fast as the"
-      f" {_ms(reference_step_s)} reference step.",
+      "text": f"{fast} Real-data steps take {ms(real_step)}, as fast as the"
+      f" {ms(reference_step_s)} reference step.",
     }
   slower = (
-    f"real-data steps take {_ms(real_step)}, {slowdown:.2f}x the {_ms(reference_step_s)}"
+    f"real-data steps take {ms(real_step)}, {slowdown:.2f}x the {ms(reference_step_s)}"
     f" reference step"
   )
   if wait >= WAIT_EXPLAINS_SHARE * (real_step - reference_step_s):
     return {
       "kind": STARVED,
       "text": f"Loading is fast alone but starved in training: {loading_words}; yet"
-      f" {slower}, and waiting {_ms(wait)} for data is most of the difference. Training and"
+      f" {slower}, and waiting {ms(wait)} for data is most of the difference. Training and"
       " loading compete for the host (CPU threads of the step, memory bandwidth) or the"
       " prefetch is too shallow: give the loader dedicated cores (fewer XLA host threads),"
       " raise grain_per_worker_buffer_size and grain_prefetch_buffer_size. A loop that waits"
@@ -235,8 +232,8 @@ def decide(
     }
   return {
     "kind": FORCED_SYNC,
-    "text": f"Forced synchronization suspected: loading is fast ({_ms(batch_s)} per batch,"
-    f" {ratio:.1f}x under the step), yet {slower}, and waiting for data ({_ms(wait)})"
+    "text": f"Forced synchronization suspected: loading is fast ({ms(batch_s)} per batch,"
+    f" {ratio:.1f}x under the step), yet {slower}, and waiting for data ({ms(wait)})"
     " explains little of it."
     " Something in the loop makes the host wait for the device each step: host reads of"
     " device values (print(loss), float(metric), .item(), np.asarray on a jax.Array),"
@@ -246,198 +243,9 @@ def decide(
   }
 
 
-def format_table(report: dict) -> str:
-  """The report as an aligned plain-text table for the terminal."""
-  rows: list[tuple[str, str]] = []
-  batch = report["batch"]
-  rows.append(("batch", f"{batch['sequences']} x {batch['max_target_length']} tokens"))
-  target = report["target"]
-  rows.append(("target step", f"{_ms(target['step_time_s'])} ({target['source']})"))
-  for name in ("synthetic", "real"):
-    run = report.get(name)
-    if run:
-      rows.append(
-        (
-          f"{name} step",
-          f"median {_ms(run['step_time']['median'])}, p90 {_ms(run['step_time']['p90'])},"
-          f" data wait median {_ms(run['data_wait']['median'])}"
-          f" ({run['step_time']['n']} steps)",
-        )
-      )
-  loading = report["loading"]
-  rows.append(
-    (
-      "loading alone",
-      f"{_ms(loading['batch_s'])}/batch; median {_ms(loading['batch_time_s']['median'])},"
-      f" p90 {_ms(loading['batch_time_s']['p90'])}, max {_ms(loading['batch_time_s']['max'])}"
-      f" ({loading['batches']} batches, {loading['workers']} workers)",
-    )
-  )
-  rows.append(("first batch", _ms(loading["first_batch_s"])))
-  rows.append(
-    (
-      "real tokens/s",
-      f"{loading['real_tokens_per_s']:,.0f} ({loading['real_tokens_per_s_per_core']:,.0f}"
-      f" per busy core, {loading['cpu_cores_busy']:.2f} cores busy,"
-      f" {loading['padding_share']:.1%} padding)",
-    )
-  )
-  for s in report.get("sweep") or []:
-    rows.append(
-      (
-        f"  workers={s['workers']}",
-        f"{_ms(s['batch_s'])}/batch, {s['real_tokens_per_s']:,.0f} real tokens/s,"
-        f" first batch {_ms(s['first_batch_s'])}",
-      )
-    )
-  if report.get("recommended_workers"):
-    rec = report["recommended_workers"]
-    rows.append(("recommended", f"grain_worker_count={rec['workers']}: {rec['reason']}"))
-  stages = report.get("stages")
-  if stages:
-    text = ", ".join(f"{k} {_ms(v)}" for k, v in stages["per_batch_s"].items())
-    rows.append(("stages, median", f"{text}; slowest: {stages['slowest']}"))
-  acc = report.get("accelerator")
-  if acc:
-    rows.append(
-      (
-        "model",
-        f"{acc['params'] / 1e6:.1f}M params,"
-        f" {acc['flops_per_token'] / 1e9:.3g} GFLOP per token (training)",
-      )
-    )
-    for m in acc["at_mfu"]:
-      rows.append(
-        (
-          f"{acc['name']} @ {m['mfu']:.0%} MFU",
-          f"{m['tokens_per_s']:,.0f} tokens/s, {_ms(m['step_time_s'])}/step,"
-          f" needs {_number(m['loader_cores_needed'], '.1f')} cores of this pipeline",
-        )
-      )
-  prof = report.get("profile")
-  if prof and "error" in prof:
-    rows.append(("profile", f"not measured: {prof['error']}"))
-  elif prof:
-    gaps = prof["gaps"]
-    rows.append(
-      (
-        "profile",
-        f"idle {prof['idle_share']['median']:.0%} of a step (median, max"
-        f" {prof['idle_share']['max']:.0%}); {gaps['count']} gaps, {_ms(gaps['seconds'])};"
-        f" host waiting on: {prof['host_waiting_on'] or 'nothing'} ({len(prof['steps'])} steps)",
-      )
-    )
-  width = max(len(k) for k, _ in rows)
-  lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
-  lines.append("")
-  lines.append(report["verdict"]["text"])
-  return "\n".join(lines)
-
-
-def write_json(report: dict, path: str | os.PathLike) -> Path:
-  """Writes `report` as indented JSON to `path` (folders created)."""
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(report, indent=2, allow_nan=False, default=_jsonable) + "\n")
-  return path
-
-
-def write_plot(report: dict, path: str | os.PathLike) -> Path:
-  """Writes `plot(report)` as a PNG to `path` (folders created)."""
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  plot(report).savefig(path, dpi=100)
-  return path
-
-
-def plot(report: dict):
-  """A matplotlib Figure (Agg canvas, no pyplot state): step time and data wait per step
-  (synthetic, real) and loading time per batch, each against the target step time; with a
-  `profile` section, the accelerator's idle share per profiled step below."""
-  from matplotlib.figure import Figure
-  from matplotlib.ticker import MaxNLocator
-
-  target_ms = report["target"]["step_time_s"] * 1e3
-  runs = [(n, report[n]) for n in ("synthetic", "real") if report.get(n)]
-  profile = report.get("profile")
-  profile = profile if profile and "steps" in profile else None
-  fig = Figure(figsize=(9, 4 + 3.5 * bool(runs) + 3.5 * bool(profile)))
-  axes = fig.subplots(1 + bool(runs) + bool(profile), 1, squeeze=False)
-  if profile:
-    from maxtext_netdata.bench import profile as bench_profile
-
-    bench_profile.plot_panel(axes[-1][0], profile)
-    axes = axes[:-1]
-  if runs:
-    ax = axes[0][0]
-    steady_max = target_ms
-    for (name, run), color in zip(runs, ("tab:blue", "tab:orange"), strict=False):
-      step_ms = np.asarray(run["step_times_s"]) * 1e3
-      ax.plot(run["steps"], step_ms, color=color, marker=".", label=f"{name} step time")
-      ax.plot(
-        run["steps"],
-        np.asarray(run["data_wait_s"]) * 1e3,
-        color=color,
-        linestyle=":",
-        label=f"{name} data wait",
-      )
-      steady_max = max(steady_max, float(step_ms[run["warmup_steps"] :].max(initial=0.0)))
-      warmup_end = run["steps"][0] + run["warmup_steps"] - 0.5
-    ax.axvspan(
-      runs[0][1]["steps"][0] - 0.5, warmup_end, color="0.9", label="warm-up (compile), not counted"
-    )
-    ax.axhline(target_ms, color="black", linestyle="--", label="target step")
-    ax.set_ylim(0, steady_max * 1.3)
-    ax.set_xlabel("step")
-    ax.set_ylabel("ms")
-    ax.set_title("Training steps: step time and time waiting for data")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(fontsize="small")
-  ax = axes[-1][0]
-  loading = report["loading"]
-  ax.plot(
-    np.arange(1, loading["batches"] + 1),
-    np.asarray(loading["batch_times_s"]) * 1e3,
-    marker=".",
-    label=f"loading, {loading['workers']} workers",
-  )
-  ax.axhline(loading["batch_s"] * 1e3, color="tab:green", label="loading, steady mean")
-  others = [e for e in report.get("sweep") or [] if e["workers"] != loading["workers"]]
-  for i, other in enumerate(others):
-    ax.axhline(
-      other["batch_s"] * 1e3,
-      color=f"C{3 + i}",
-      linestyle="-.",
-      linewidth=1,
-      label=f"steady mean, {other['workers']} workers (sweep)",
-    )
-  ax.axhline(target_ms, color="black", linestyle="--", label="target step")
-  ax.set_yscale("log")
-  ax.set_ylim(top=max(target_ms, max(loading["batch_times_s"]) * 1e3) * 20)
-  ax.set_xlabel("batch after warm-up")
-  ax.set_ylabel("ms (log scale)")
-  ax.set_title(f"Loading alone against the target step: {report['verdict']['kind']}")
-  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-  ax.legend(fontsize="small", ncols=2, loc="upper right")
-  fig.tight_layout()
-  return fig
-
-
-def _ms(seconds: float | None) -> str:
+def ms(seconds: float | None) -> str:
   if seconds is None:
     return "n/a"
   if seconds >= 1.0:
     return f"{seconds:.2f} s"
   return f"{seconds * 1e3:.2f} ms"
-
-
-def _number(value: float | None, spec: str) -> str:
-  return "n/a" if value is None else format(value, spec)
-
-
-def _jsonable(value):
-  if isinstance(value, np.generic):
-    return value.item()
-  if isinstance(value, Path):
-    return str(value)
-  raise TypeError(f"not JSON serializable: {type(value).__name__}")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from maxtext_netdata import config
-from maxtext_netdata.bench import accelerators
+from maxtext_netdata.bench import accelerators, render
 from maxtext_netdata.bench import report as bench_report
 
 
@@ -165,25 +165,25 @@ def _report(tmp_path) -> dict:
 
 def test_report_table_json_and_plot_hold_the_numbers(tmp_path):
   report = _report(tmp_path)
-  table = bench_report.format_table(report)
+  table = render.format_table(report)
   assert report["verdict"]["text"] in table
   assert f"{report['loading']['batch_s'] * 1e3:.2f} ms/batch" in table
   assert "workers=0" in table and "slowest: build" in table
-  path = bench_report.write_json(report, tmp_path / "bench" / "report.json")
+  path = render.write_json(report, tmp_path / "bench" / "report.json")
   loaded = json.loads(path.read_text())
   assert loaded["loading"]["batch_times_s"] == report["loading"]["batch_times_s"]
   assert loaded["real"]["step_times_s"] == report["real"]["step_times_s"]
   cores = loaded["accelerator"]["at_mfu"][0]["loader_cores_needed"]
   per_core = report["loading"]["slot_tokens_per_s"] / report["loading"]["cpu_cores_busy"]
   assert cores == pytest.approx(loaded["accelerator"]["at_mfu"][0]["tokens_per_s"] / per_core)
-  png = bench_report.write_plot(report, tmp_path / "bench" / "report.png")
+  png = render.write_plot(report, tmp_path / "bench" / "report.png")
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert png.stat().st_size > 10_000
 
 
 def test_plot_draws_the_measured_numbers(tmp_path):
   report = _report(tmp_path)
-  steps_ax, loading_ax = bench_report.plot(report).axes
+  steps_ax, loading_ax = render.plot(report).axes
   plotted = {line.get_label(): list(line.get_ydata()) for line in steps_ax.get_lines()}
   for name in ("synthetic", "real"):
     ms = [t * 1e3 for t in report[name]["step_times_s"]]
@@ -199,7 +199,7 @@ def test_plot_draws_the_measured_numbers(tmp_path):
   assert plotted["steady mean, 0 workers (sweep)"][0] == pytest.approx(sweep_0)
   # Loading alone (no training runs): one panel.
   report.update(synthetic=None, real=None)
-  assert len(bench_report.plot(report).axes) == 1
+  assert len(render.plot(report).axes) == 1
 
 
 # --- end to end on the smoke config -------------------------------------------------------
