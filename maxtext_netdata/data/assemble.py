@@ -19,60 +19,125 @@ from maxtext_netdata.data import store
 
 
 def assemble(pieces: list[str], out: str, split: str, fraction: float, meta: dict) -> dict:
-  """Write the splits of `pieces` under `out`; their counts by split name.
+  """Write the splits of the piece folders `pieces` under `out`; their counts by split name.
 
   `split` is "probe" or "time" (train/ and test/ folders) or "all" (one eval/ folder).
   """
   # Pieces are read, not memory-mapped: mapped pages would count in this process's RSS
   # until unmapped, and they add up to the whole store.
-  opened = [store.PreparedStore(path) for path in pieces]  # their meta.json only
-  hashed = bool(opened) and bool(opened[0].meta.get("hashed_order"))
-  names = ("eval",) if split == "all" else ("train", "test")
+  opened = [_Piece(path) for path in pieces]
+  hashed = bool(opened) and bool(opened[0].store.meta.get("hashed_order"))
   cutoff = time_cutoff(pieces, fraction) if split == "time" and fraction > 0 else None
+  totals = dict.fromkeys(split_names(split), 0)
+  for piece in opened:
+    for name, rows in split_rows(piece, split, fraction, cutoff).items():
+      totals[name] += piece.num_rows if rows is None else len(rows)
+  assembler = Assembler(out, split, fraction, meta, totals, hashed, cutoff)
+  with assembler:
+    for piece in opened:
+      assembler.add(piece)
+  return assembler.finish()
 
-  def masks(index: int) -> dict[str, np.ndarray]:
-    """bool [N] of each split over the rows of piece `index`."""
-    piece = opened[index]
-    if split == "all":
-      return {"eval": np.ones(piece.num_rows, dtype=bool)}
-    if split == "probe":
-      held = _load(pieces[index], "probe_hash").astype(np.float64) / 2.0**64 < fraction
-      test = np.repeat(held, np.diff(_load(pieces[index], "probe_offsets")))
-    elif cutoff is not None:
-      test = _load(pieces[index], "seconds") >= cutoff
-    else:
-      test = np.zeros(piece.num_rows, dtype=bool)
-    return {"train": ~test, "test": test}
 
-  totals = dict.fromkeys(names, 0)
-  for index in range(len(opened)):
-    for name, mask in masks(index).items():
-      totals[name] += int(np.count_nonzero(mask))
-  row_names = [n for n in store.ROW_ARRAYS if hashed or n != "hashed_order"]
-  writers = {name: _Writer(os.path.join(out, name), totals[name], row_names) for name in names}
-  try:
-    for index, piece in enumerate(opened):
-      path = pieces[index]
-      chosen = {name: np.flatnonzero(mask) for name, mask in masks(index).items()}
-      probe_of_row = np.repeat(np.arange(piece.num_probes), np.diff(_load(path, "probe_offsets")))
-      src, version = _load(path, "probe_src"), _load(path, "probe_version")
-      for name, rows in chosen.items():
-        sizes = np.bincount(probe_of_row[rows], minlength=piece.num_probes)
-        writers[name].add_probes(sizes, src, version)
-      del probe_of_row
-      for column in row_names:
-        array = _load(path, column)
-        for name, rows in chosen.items():
-          writers[name].add_rows(
-            column, array if len(rows) == piece.num_rows else store.take_rows(array, rows)
-          )
-  finally:
-    for writer in writers.values():
+def split_names(split: str) -> tuple[str, ...]:
+  return ("eval",) if split == "all" else ("train", "test")
+
+
+def held_out(probe_hash: np.ndarray, fraction: float) -> np.ndarray:
+  """bool [P]: the probes of these hashes that `network_split: probe` puts in the test split."""
+  return probe_hash.astype(np.float64) / 2.0**64 < fraction
+
+
+def split_rows(piece, split: str, fraction: float, cutoff: int | None) -> dict:
+  """Each split's rows of `piece` (indices), None where a split takes all of them."""
+  if split == "all":
+    return {"eval": None}
+  if split == "probe":
+    held = held_out(piece.probe_array("probe_hash"), fraction)
+    test = np.repeat(held, np.diff(piece.probe_array("probe_offsets")))
+  elif cutoff is not None:
+    test = piece.column("seconds") >= cutoff
+  else:
+    test = np.zeros(piece.num_rows, dtype=bool)
+  if not test.any():
+    return {"train": None, "test": np.zeros(0, np.int64)}
+  if test.all():
+    return {"train": np.zeros(0, np.int64), "test": None}
+  return {"train": np.flatnonzero(~test), "test": np.flatnonzero(test)}
+
+
+class _Piece:
+  """A piece folder (`shards.write_piece`), with `shards.SortedBucket`'s reading methods."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self.store = store.PreparedStore(path)  # its meta.json only
+    self.num_rows, self.num_probes = self.store.num_rows, self.store.num_probes
+
+  def probe_array(self, name: str) -> np.ndarray:
+    return _load(self.path, name)
+
+  def column(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
+    array = _load(self.path, name)
+    return array if rows is None else store.take_rows(array, rows)
+
+
+class Assembler:
+  """Sorted pieces, added in bucket order, streamed into the splits' files.
+
+  `totals` (rows of each split over all pieces) sizes the files up front. A piece is a
+  `shards.SortedBucket` or a piece folder read back; both give the same bytes.
+  """
+
+  def __init__(self, out, split, fraction, meta, totals, hashed, cutoff=None):
+    self.split, self.fraction, self.cutoff, self.meta = split, fraction, cutoff, meta
+    self.hashed = hashed
+    self.row_names = [n for n in store.ROW_ARRAYS if hashed or n != "hashed_order"]
+    self.writers = {}
+    for name in split_names(split):
+      self.writers[name] = _Writer(os.path.join(out, name), totals[name], self.row_names)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    for writer in self.writers.values():
       writer.close()
-  counts = {}
-  for name, writer in writers.items():
-    counts[name] = writer.finish({**meta, "split": name}, hashed)
-  return counts
+
+  def add(self, piece) -> None:
+    chosen = split_rows(piece, self.split, self.fraction, self.cutoff)
+    sizes = np.diff(piece.probe_array("probe_offsets"))
+    src, version = piece.probe_array("probe_src"), piece.probe_array("probe_version")
+    probe_of_row = None
+    for name, rows in chosen.items():
+      if rows is not None and len(rows) and probe_of_row is None:
+        probe_of_row = np.repeat(np.arange(piece.num_probes), sizes)
+      split_sizes = (
+        sizes
+        if rows is None
+        else np.bincount(probe_of_row[rows], minlength=piece.num_probes)
+        if len(rows)
+        else np.zeros(piece.num_probes, np.int64)
+      )
+      self.writers[name].add_probes(split_sizes, src, version)
+    del probe_of_row
+    for column in self.row_names:
+      for name, rows in chosen.items():
+        if rows is None or len(rows):
+          self.writers[name].add_rows(column, piece.column(column, rows))
+        else:
+          self.writers[name].add_rows(column, _empty(column))
+
+  def finish(self) -> dict:
+    return {
+      name: writer.finish({**self.meta, "split": name}, self.hashed)
+      for name, writer in self.writers.items()
+    }
+
+
+def _empty(name: str) -> np.ndarray:
+  dtype, tail = store.ROW_ARRAYS[name]
+  return np.zeros((0, *tail), dtype)
 
 
 def _load(piece: str, name: str) -> np.ndarray:

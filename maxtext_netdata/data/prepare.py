@@ -34,6 +34,7 @@ import sys
 import time
 import uuid
 
+import numpy as np
 import psutil
 import tqdm
 
@@ -201,12 +202,17 @@ def _build_group(config, options, files, *, work, name, split, meta, progress, r
   total = sum(m.num_rows for m in metadata)
   buckets = shards.num_buckets(total, config.network_prepare_memory_mb)
   pieces_dir = os.path.join(work, f".pieces-{name}")
+  label = config.grain_train_files if name == "train" else config.grain_eval_files
+  if runner is None and split != "time":
+    return _local_build(
+      config, options, files, metadata, buckets=buckets, work=work, spill_dir=pieces_dir + "-spill",
+      split=split, meta=meta, progress=progress, label=label,
+    )  # fmt: skip
   build_pieces = _local_pieces if runner is None else runner
   pieces, report = build_pieces(
     config, options, files, metadata, buckets=buckets, pieces_dir=pieces_dir, progress=progress
   )
   if not pieces:
-    label = config.grain_train_files if name == "train" else config.grain_eval_files
     raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
   _pause_point("sorted")
   probes = sum(store.PreparedStore(path).num_probes for path in pieces)
@@ -215,12 +221,9 @@ def _build_group(config, options, files, *, work, name, split, meta, progress, r
   return counts, report, probes
 
 
-def _local_pieces(config, options, files, metadata, *, buckets, pieces_dir, progress) -> tuple:
-  """The built-in runner: buckets spilled to local files, then sorted one at a time.
-
-  Returns the piece folders in bucket order and the read report.
-  """
-  spill = shards.SpillWriter(pieces_dir + "-spill", buckets)
+def _spill(config, options, files, metadata, *, buckets, folder, progress, on_chunk=None):
+  """Read and partition every file into a `shards.SpillWriter`: (spill, read report)."""
+  spill = shards.SpillWriter(folder, buckets)
   report = raw_reader.ReadReport()
   hashed, skip_bad = _hashed(config), config.network_skip_bad_rows
   total = sum(m.num_rows for m in metadata)
@@ -241,10 +244,72 @@ def _local_pieces(config, options, files, metadata, *, buckets, pieces_dir, prog
         )
         for bucket, chunk in parts:
           spill.add(bucket, chunk)
+          if on_chunk is not None:
+            on_chunk(chunk)
         _pause_point("reading")
     finally:
       spill.close()
   _pause_point("partitioned")
+  return spill, report
+
+
+def _local_build(config, options, files, metadata, *, buckets, work, spill_dir, split, meta,
+                 progress, label) -> tuple:  # fmt: skip
+  """The built-in runner for the probe split and eval files: each sorted bucket goes straight
+  into the splits, no piece written and read back. The splits' sizes, needed up front, are
+  counted while partitioning (a probe's split follows from its hash alone).
+
+  Returns (counts, read report, probes).
+  """
+  fraction = config.network_test_fraction
+  names = assemble.split_names(split)
+  totals = dict.fromkeys(names, 0)
+
+  def count(chunk: shards.Chunk) -> None:
+    if split == "probe":
+      held = assemble.held_out(chunk.hashes, fraction)
+      test = int(np.bincount(chunk.probe, minlength=len(chunk.keys))[held].sum())
+      totals["test"] += test
+      totals["train"] += len(chunk) - test
+    else:
+      totals[names[0]] += len(chunk)
+
+  spill, report = _spill(
+    config, options, files, metadata, buckets=buckets, folder=spill_dir, progress=progress,
+    on_chunk=count,
+  )  # fmt: skip
+  if not sum(totals.values()):
+    shutil.rmtree(spill_dir, ignore_errors=True)
+    raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
+  probes, paused = 0, False
+  with assemble.Assembler(work, split, fraction, meta, totals, _hashed(config)) as assembler:
+    for bucket in tqdm.tqdm(
+      range(buckets), desc="prepare: sort", unit="bucket", disable=not progress
+    ):
+      chunks = spill.read(bucket)
+      if chunks:
+        sorted_bucket = shards.order_bucket(chunks)
+        del chunks
+        assembler.add(sorted_bucket)
+        probes += sorted_bucket.num_probes
+        del sorted_bucket
+        if not paused:  # rows of the store written, the store not complete
+          paused = True
+          _pause_point("sorted")
+  shutil.rmtree(spill_dir, ignore_errors=True)
+  return assembler.finish(), report, probes
+
+
+def _local_pieces(config, options, files, metadata, *, buckets, pieces_dir, progress) -> tuple:
+  """The built-in runner for the time split: buckets spilled to local files, each sorted
+  into a piece (the time cutoff needs every row's time before any row can be placed).
+
+  Returns the piece folders in bucket order and the read report.
+  """
+  spill, report = _spill(
+    config, options, files, metadata, buckets=buckets, folder=pieces_dir + "-spill",
+    progress=progress,
+  )  # fmt: skip
   pieces = []
   for bucket in tqdm.tqdm(
     range(buckets), desc="prepare: sort", unit="bucket", disable=not progress

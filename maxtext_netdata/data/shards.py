@@ -42,8 +42,6 @@ SORT_BYTES_PER_ROW = 100
 FIXED_BYTES = 320 << 20
 PROBE_HASH_FILE = "probe_hash.npy"
 
-_HASHES: dict[bytes, int] = {}  # probe key → hash, kept for the process's life (few probes)
-
 
 def bucket_rows(memory_mb: int) -> int:
   """Rows per bucket that keep a prepare with `memory_mb` of memory within it."""
@@ -56,17 +54,45 @@ def num_buckets(total_rows: int, memory_mb: int) -> int:
   return max(1, -(-total_rows // bucket_rows(memory_mb)))
 
 
+class _KnownHashes:
+  """Probe hashes computed so far in this process, looked up by Arrow's hash join.
+
+  A dump's probes (~50k in 200M rows) recur in every batch: each key is hashed once in
+  Python, a batch's keys are then matched in C++ (a dict lookup per key per batch cost ~20 ns
+  a row). Reset when it holds `limit` keys, which bounds its memory.
+  """
+
+  def __init__(self, limit: int = 1_000_000):
+    self.limit = limit
+    self.keys = pa.array([], pa.binary(17))
+    self.hashes = np.zeros(0, np.uint64)
+
+  def lookup(self, keys: np.ndarray) -> np.ndarray:
+    wanted = _binary17(np.ascontiguousarray(keys, dtype=np.uint8))
+    found = pc.index_in(wanted, value_set=self.keys)
+    if found.null_count:
+      if len(self.keys) + found.null_count > self.limit:
+        self.__init__(self.limit)
+        return self.lookup(keys)
+      new = pc.unique(wanted.filter(found.is_null()))
+      digests = [hashlib.blake2b(key, digest_size=8).digest() for key in new.to_pylist()]
+      self.keys = pa.concat_arrays([self.keys, new])
+      self.hashes = np.concatenate([self.hashes, np.frombuffer(b"".join(digests), ">u8")])
+      found = pc.index_in(wanted, value_set=self.keys)
+    return self.hashes[found.to_numpy(zero_copy_only=False)].astype(np.uint64)
+
+
+_KNOWN = _KnownHashes()
+
+
+def _binary17(keys: np.ndarray) -> pa.Array:
+  """uint8 [K, 17] as an Arrow binary(17) array over the same bytes."""
+  return pa.Array.from_buffers(pa.binary(17), len(keys), [None, pa.py_buffer(keys)])
+
+
 def probe_hashes(keys: np.ndarray) -> np.ndarray:
   """uint64 [K]: the hash of each (version byte + 16 address bytes) key of uint8 [K, 17]."""
-  out = np.empty(len(keys), dtype=np.uint64)
-  for i, key in enumerate(keys):
-    raw = key.tobytes()
-    value = _HASHES.get(raw)
-    if value is None:
-      value = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "big")
-      _HASHES[raw] = value
-    out[i] = value
-  return out
+  return _KNOWN.lookup(keys) if len(keys) else np.zeros(0, np.uint64)
 
 
 def bucket_of(hashes: np.ndarray, buckets: int) -> np.ndarray:
@@ -89,13 +115,17 @@ class Chunk:
 
   def to_bytes(self) -> bytes:
     """One self-describing record: counts, then each array's bytes in a fixed order."""
+    return b"".join(self.parts())
+
+  def parts(self) -> list[memoryview]:
+    """`to_bytes` as the arrays' own buffers, written out without joining them first."""
     head = np.array([len(self.probe), len(self.keys), "hashed_order" in self.columns], np.int64)
     parts = [head, self.keys, self.hashes, self.probe]
     parts += [self.columns[name] for name in _names("hashed_order" in self.columns)]
-    return b"".join(np.ascontiguousarray(p).tobytes() for p in parts)
+    return [memoryview(np.ascontiguousarray(p)).cast("B") for p in parts]
 
   @classmethod
-  def from_bytes(cls, data: bytes) -> Chunk:
+  def from_bytes(cls, data: bytes | memoryview) -> Chunk:
     n, k, hashed = np.frombuffer(data, np.int64, 3)
     view, at = memoryview(data), 24
 
@@ -125,9 +155,7 @@ def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tu
   keys[:, 0] = columns.version
   keys[:, 1:] = columns.src
   # Arrow's hash table finds the batch's probes in one C++ pass over the 17-byte keys.
-  encoded = pc.dictionary_encode(
-    pa.Array.from_buffers(pa.binary(17), n, [None, pa.py_buffer(keys)])
-  )
+  encoded = pc.dictionary_encode(_binary17(keys))
   probe = encoded.indices.to_numpy().astype(np.int32, copy=False)
   dictionary = encoded.dictionary
   table = np.frombuffer(dictionary.buffers()[1], dtype=np.uint8)
@@ -168,11 +196,65 @@ def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tu
   return out
 
 
+@dataclasses.dataclass
+class SortedBucket:
+  """A bucket's rows in store order, kept as its unsorted columns and the permutation.
+
+  `column(name, rows)` gathers a column's selected rows straight from the unsorted one, so
+  a row is moved once on its way into a split, not once to sort it and again to split it.
+  """
+
+  probe_offsets: np.ndarray  # int64 [P+1]
+  probe_src: np.ndarray  # uint8 [P, 16]
+  probe_version: np.ndarray  # uint8 [P]
+  probe_hash: np.ndarray  # uint64 [P]
+  columns: dict  # name → unsorted row array of store.ROW_ARRAYS
+  perm: np.ndarray  # int64 [N]: row i of the sorted bucket is row perm[i] of `columns`
+
+  @property
+  def num_rows(self) -> int:
+    return len(self.perm)
+
+  @property
+  def num_probes(self) -> int:
+    return len(self.probe_version)
+
+  @property
+  def hashed(self) -> bool:
+    return "hashed_order" in self.columns
+
+  def probe_array(self, name: str) -> np.ndarray:
+    return getattr(self, name)
+
+  def column(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
+    """Sorted column `name`, or its rows `rows` (indices into the sorted bucket)."""
+    return store.take_rows(self.columns[name], self.perm if rows is None else self.perm[rows])
+
+  def rows(self) -> store.ProbeRows:
+    """The sorted bucket as one `store.ProbeRows` (columns gathered one at a time)."""
+    columns = {name: None for name in store.ROW_ARRAYS}
+    for name in list(self.columns):
+      columns[name] = self.column(name)
+      del self.columns[name]
+    return store.ProbeRows(
+      probe_offsets=self.probe_offsets,
+      probe_src=self.probe_src,
+      probe_version=self.probe_version,
+      probe_hash=self.probe_hash,
+      **columns,
+    )
+
+
 def sort_bucket(chunks: list[Chunk]) -> store.ProbeRows:
   """The rows of a bucket's chunks grouped by probe and time-sorted (see the module doc).
 
   The result carries `probe_hash` (uint64 [P]); chunks are released as they are copied.
   """
+  return order_bucket(chunks).rows()
+
+
+def order_bucket(chunks: list[Chunk]) -> SortedBucket:
+  """`sort_bucket` without moving the rows: the columns and their permutation."""
   hashed = bool(chunks) and "hashed_order" in chunks[0].columns
   n = sum(len(c) for c in chunks)
   columns = {}
@@ -205,15 +287,13 @@ def sort_bucket(chunks: list[Chunk]) -> store.ProbeRows:
   del probe
   offsets = np.zeros(len(probe_keys) + 1, dtype=np.int64)
   np.cumsum(sizes, out=offsets[1:])
-  for name in list(columns):
-    columns[name] = store.take_rows(columns[name], perm)
-  return store.ProbeRows(
+  return SortedBucket(
     probe_offsets=offsets,
     probe_src=np.ascontiguousarray(probe_keys[:, 1:]),
     probe_version=np.ascontiguousarray(probe_keys[:, 0]),
-    hashed_order=columns.pop("hashed_order", None),
     probe_hash=hashes[order][new],
-    **columns,
+    columns=columns,
+    perm=perm,
   )
 
 
@@ -277,25 +357,33 @@ def write_piece(rows: store.ProbeRows, path: str, meta: dict) -> dict:
 
 
 class SpillWriter:
-  """Chunks appended to one local file per bucket: the built-in runner's GroupByKey."""
+  """Chunks appended to one local file per bucket: the built-in runner's GroupByKey.
+
+  With one bucket the chunks stay in memory instead: the bucket is read back whole anyway,
+  and the memory budget that allowed one bucket counts its rows.
+  """
 
   def __init__(self, folder: str, buckets: int):
     os.makedirs(folder, exist_ok=True)
     self.folder = folder
     self.rows = [0] * buckets
     self.files: dict[int, object] = {}
+    self.held: list[Chunk] | None = [] if buckets == 1 else None
 
   def path(self, bucket: int) -> str:
     return os.path.join(self.folder, f"bucket-{bucket:05d}.bin")
 
   def add(self, bucket: int, chunk: Chunk) -> None:
+    self.rows[bucket] += len(chunk)
+    if self.held is not None:
+      self.held.append(chunk)
+      return
     f = self.files.get(bucket)
     if f is None:
       f = self.files[bucket] = open(self.path(bucket), "wb")  # noqa: SIM115 (closed in close)
-    data = chunk.to_bytes()
-    f.write(len(data).to_bytes(8, "little"))
-    f.write(data)
-    self.rows[bucket] += len(chunk)
+    parts = chunk.parts()
+    f.write(sum(len(p) for p in parts).to_bytes(8, "little"))
+    f.writelines(parts)
 
   def close(self) -> None:
     for f in self.files.values():
@@ -303,11 +391,17 @@ class SpillWriter:
 
   def read(self, bucket: int) -> list[Chunk]:
     """The bucket's chunks; the file is removed once read (its rows now live in memory)."""
+    if self.held is not None:
+      chunks, self.held = self.held, []
+      return chunks
     if bucket not in self.files:
       return []
-    chunks = []
     with open(self.path(bucket), "rb") as f:
-      while size := f.read(8):
-        chunks.append(Chunk.from_bytes(f.read(int.from_bytes(size, "little"))))
+      data = f.read()
     os.remove(self.path(bucket))
+    chunks, at, view = [], 0, memoryview(data)  # chunks are views of `data`, not copies
+    while at < len(data):
+      size = int.from_bytes(view[at : at + 8], "little")
+      chunks.append(Chunk.from_bytes(view[at + 8 : at + 8 + size]))
+      at += 8 + size
     return chunks
