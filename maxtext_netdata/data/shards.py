@@ -148,9 +148,33 @@ def _names(hashed: bool) -> list[str]:
   return [name for name in store.ROW_ARRAYS if hashed or name != "hashed_order"]
 
 
-def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
-  """(bucket, chunk) of each bucket that rows of this validated batch fall in."""
+def _batch_probes(columns: schema.RawColumns) -> tuple[np.ndarray, np.ndarray]:
+  """(probe of each row int32 [n], key of each probe uint8 [K, 17]) of a validated batch.
+
+  A key may appear twice (two texts of one address); `order_bucket` merges such probes.
+  """
   n = len(columns)
+  text = columns.src_text
+  if (
+    isinstance(text, pa.DictionaryArray)
+    and n
+    and text.null_count == 0
+    and text.dictionary.null_count == 0
+    and not pc.any(pc.equal(text.dictionary, "")).as_py()
+  ):
+    # The source's dictionary index is the probe: a non-empty address text has one family and
+    # a valid row's version is that family, so (version, address) follows from the index.
+    index = text.indices.to_numpy(zero_copy_only=False)
+    used = np.zeros(len(text.dictionary), dtype=bool)
+    used[index] = True
+    remap = np.cumsum(used, dtype=np.int32) - 1
+    row_of = np.empty(len(used), dtype=np.int64)
+    row_of[index] = np.arange(n)  # any row of an index gives its key
+    rows = row_of[used]
+    table = np.empty((len(rows), 17), dtype=np.uint8)
+    table[:, 0] = columns.version[rows]
+    table[:, 1:] = columns.src[rows]
+    return remap[index], table
   keys = np.empty((n, 17), dtype=np.uint8)
   keys[:, 0] = columns.version
   keys[:, 1:] = columns.src
@@ -160,7 +184,12 @@ def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tu
   dictionary = encoded.dictionary
   table = np.frombuffer(dictionary.buffers()[1], dtype=np.uint8)
   table = table[dictionary.offset * 17 : (dictionary.offset + len(dictionary)) * 17]
-  table = table.reshape(-1, 17)
+  return probe, table.reshape(-1, 17)
+
+
+def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
+  """(bucket, chunk) of each bucket that rows of this validated batch fall in."""
+  probe, table = _batch_probes(columns)
   hashes = probe_hashes(table)
   rtt_bytes, failed = tokenizer.rtt_bytes(columns.rtt)
   data = {
@@ -334,7 +363,14 @@ def row_order(probe: np.ndarray, columns: dict) -> np.ndarray:
   content = [dst[:, 1], dst[:, 0], columns["rtt_ms"][rows].view(np.uint32)]
   if columns.get("hashed_order") is not None:
     content = [store.take_rows(columns["hashed_order"], rows).view(np.uint16)[:, 0], *content]
-  perm[where] = rows[np.lexsort((*content, run))]
+  # lexsort's order (the last key first) by Arrow's multi-key sort, which sorts by the run
+  # once and then compares within each run's few rows: ~6x faster than numpy's lexsort.
+  keys = [run, *content[::-1]]
+  table = pa.table(
+    {str(i): np.ascontiguousarray(k, k.dtype.newbyteorder("=")) for i, k in enumerate(keys)}
+  )
+  order = pc.sort_indices(table, sort_keys=[(str(i), "ascending") for i in range(len(keys))])
+  perm[where] = rows[order.to_numpy()]
   return perm
 
 
