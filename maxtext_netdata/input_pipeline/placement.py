@@ -77,6 +77,35 @@ def _layout(sharding, local_shape: tuple, global_shape: tuple, dtype: np.dtype) 
   return _Layout(aval, devices, tuple(slices))
 
 
+def _plan(sharding, host_batch: dict, shapes: dict) -> tuple | None:
+  """Per key (key, layout, whether the device takes the whole array) for this batch geometry,
+  or None where the public function must place the batch."""
+  if not isinstance(sharding, jax.sharding.Sharding):
+    return None
+  plan = []
+  for key, value in host_batch.items():
+    if type(value) is not np.ndarray:
+      return None
+    global_shape = tuple(shapes[key])
+    if jax.process_count() == 1 and value.shape != global_shape:
+      return None  # the public function explains the mismatch
+    try:
+      layout = _layout(sharding, value.shape, global_shape, value.dtype)
+    except TypeError:  # an unhashable sharding
+      return None
+    if layout is None:
+      return None
+    whole = len(layout.slices) == 1 and all(
+      s == slice(None, None, None) or (s.start in (0, None) and s.stop == n and s.step is None)
+      for s, n in zip(layout.slices[0], value.shape, strict=True)
+    )
+    plan.append((key, layout, whole))
+  return tuple(plan)
+
+
+_last: list = [None, None, None]  # (sharding, geometry, plan) of the last call
+
+
 def place(
   host_batch: dict[str, np.ndarray], sharding: jax.sharding.Sharding, shapes: dict[str, tuple]
 ) -> dict[str, jax.Array] | None:
@@ -88,26 +117,26 @@ def place(
   keeps a reference to it until XLA is done with it.
   """
   global _batched_device_put
-  if _batched_device_put is None or not isinstance(sharding, jax.sharding.Sharding):
+  if _batched_device_put is None:
     return None
-  if jax.process_count() == 1 and any(
-    value.shape != shapes[key] for key, value in host_batch.items()
-  ):
-    return None  # the public function explains the mismatch
+  geometry = tuple(
+    (key, type(value), getattr(value, "shape", None), getattr(value, "dtype", None), shapes[key])
+    for key, value in host_batch.items()
+  )
+  last_sharding, last_geometry, plan = _last
+  if last_sharding is not sharding or last_geometry != geometry:
+    plan = _plan(sharding, host_batch, shapes)
+    _last[:] = sharding, geometry, plan
+  if plan is None:
+    return None
   out = {}
-  for key, value in host_batch.items():
-    if type(value) is not np.ndarray:
-      return None
-    try:
-      layout = _layout(sharding, value.shape, tuple(shapes[key]), value.dtype)
-    except TypeError:  # an unhashable sharding
-      return None
-    if layout is None:
-      return None
-    shards = [value[s] for s in layout.slices]
-    try:
-      out[key] = _batched_device_put(layout.aval, sharding, shards, layout.devices, True)
-    except (TypeError, AttributeError):  # a jax whose private primitive changed
-      _batched_device_put = None
-      return None
+  put = _batched_device_put
+  try:
+    for key, layout, whole in plan:
+      value = host_batch[key]
+      shards = [value] if whole else [value[s] for s in layout.slices]
+      out[key] = put(layout.aval, sharding, shards, layout.devices, True)
+  except (TypeError, AttributeError):  # a jax whose private primitive changed
+    _batched_device_put = None
+    return None
   return out

@@ -6,7 +6,7 @@ import grain
 import numpy as np
 
 from maxtext_netdata.format import tokens as tk
-from maxtext_netdata.input_pipeline import batch_kernel
+from maxtext_netdata.input_pipeline import batch_kernel, buffers
 
 
 def _shift_left(x: np.ndarray, fill: int) -> np.ndarray:
@@ -30,7 +30,9 @@ def _kernel_shapes(batch: dict[str, np.ndarray]) -> bool:
   )
 
 
-def shift_data(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def shift_data(
+  batch: dict[str, np.ndarray], pool: buffers.OutputPool | None = None
+) -> dict[str, np.ndarray]:
   """MaxText's ShiftData (SPEC §4) on a host batch of [rows, seq_len] arrays.
 
   `targets` shifted left by one with PAD last; `targets_segmentation` shifted left with 0
@@ -38,13 +40,18 @@ def shift_data(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   covers every real next token (MEASUREMENT_START included) and no padding. `inputs*` and
   `targets_position` are unchanged. A batch of only the three `inputs*` arrays (as
   `BatchBuilder.build` makes them) gets its targets from them first: targets = inputs.
-  Returns a new dict of the six arrays; the input arrays are not modified.
+  Returns a new dict of the six arrays; the input arrays are not modified. The kernel's
+  targets arrays come from `pool` when given (reused once released), else fresh.
   """
   if "targets" not in batch and _kernel_shapes(batch):
     # The usual case (workers send the inputs arrays): one compiled pass, not five.
     out = {key: batch[key] for key in INPUT_KEYS}
-    for key in TARGET_KEYS:
-      out[key] = batch_kernel.empty_output(batch["inputs"].shape)
+    shape = batch["inputs"].shape
+    if pool is None:
+      targets = [batch_kernel.empty_output(shape) for _ in TARGET_KEYS]
+    else:
+      targets = pool.take(shape, len(TARGET_KEYS))
+    out.update(zip(TARGET_KEYS, targets, strict=True))
     batch_kernel.shift(*(out[key] for key in (*INPUT_KEYS, *TARGET_KEYS)))
     return out
   targets = _shift_left(batch.get("targets", batch["inputs"]), tk.PAD)
@@ -62,7 +69,10 @@ def shift_data(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 class ShiftData(grain.transforms.Map):
-  """`shift_data` as a Grain map transformation."""
+  """`shift_data` as a Grain map transformation, its targets in reused buffers."""
+
+  def __init__(self):
+    self._buffers = buffers.OutputPool()
 
   def map(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return shift_data(element)
+    return shift_data(element, self._buffers)
