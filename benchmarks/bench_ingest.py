@@ -1,14 +1,21 @@
 """How fast `ingest` turns RIPE Atlas ping results into raw parquet.
 
-Generates ping results with `generate --format ripe-json` (one ~410-byte JSON line per
-result, firmware 5080 style, like the daily dumps), then times, for each input form:
-- `read+map`: the JSON reader and the mapping to rows alone (`ripe_json.rows_of_block` over
-  the file's blocks), the part that scales with the input;
-- `ingest`: the whole command (read, map, sort, write the parquet shards);
-and, for JSON lines, pyarrow's JSON reader alone on the same file (the ceiling).
+Two inputs of JSON lines:
+- `1 packet`: `generate --format ripe-json` as written (one ~410-byte line per result,
+  firmware 5080 style, one packet each);
+- `3 packets`: the same results as real ping results mostly are, three packets each (two
+  replies and a timeout, ~430 bytes a line, three rows a result).
+For each it times, in this one process and back to back:
+- the JSON reader alone over the file's blocks: pyarrow's `read_json` with an explicit schema
+  (the reader ingest used first) and DuckDB's `read_json` (the one it uses, `ripe_json._read`);
+- `read+map`: blocks of the file through `ripe_json.rows_of_block` (reader and mapping to
+  rows), the part that scales with the input;
+- `ingest`: the whole command (read, map, sort, write the parquet shards).
+Then the `1 packet` results as a JSON array and bz2-compressed, with bz2 decompression
+alone (Python's `bz2` and the `bzip2 -dc` tool) as the ceiling.
 
-Per core = results / CPU seconds of this process (user + system, all threads), so the figure
-holds whatever the machine's core count and load; wall-clock rates are printed beside it.
+Per core = results / CPU seconds (user + system, all threads; for `bzip2 -dc` its own), so
+the figure holds whatever the machine's core count; wall-clock rates are printed beside it.
 
   .venv/bin/python benchmarks/bench_ingest.py [--rows 300000] [--bz2-rows 100000]
 """
@@ -18,51 +25,83 @@ from __future__ import annotations
 import argparse
 import bz2
 import os
+import re
 import resource
+import shutil
+import subprocess
 import tempfile
 import time
 
+import pyarrow as pa
 import pyarrow.json as pj
 
 from maxtext_netdata.data import ingest, remote, ripe_json
 from maxtext_netdata.data.generate import generate
 
+# The reader ingest used first, for comparison: pyarrow's, with the fields the mapping needs.
+_PYARROW_PARSE = pj.ParseOptions(
+  explicit_schema=ripe_json.RESULT_SCHEMA, unexpected_field_behavior="ignore"
+)
+_ONE_REPLY = re.compile(rb'"result":\[\{"rtt":([0-9.]+)\}\],"dup":0,"rcvd":1,"sent":1')
 
-def _cpu() -> float:
-  usage = resource.getrusage(resource.RUSAGE_SELF)
+
+def _cpu(who=resource.RUSAGE_SELF) -> float:
+  usage = resource.getrusage(who)
   return usage.ru_utime + usage.ru_stime
 
 
-def _timed(call):
-  wall, cpu = time.perf_counter(), _cpu()
+def _timed(call, who=resource.RUSAGE_SELF):
+  wall, cpu = time.perf_counter(), _cpu(who)
   result = call()
-  return result, time.perf_counter() - wall, _cpu() - cpu
+  return result, time.perf_counter() - wall, _cpu(who) - cpu
+
+
+def _print(label: str, what: str, results: int, wall: float, cpu: float, extra: str = "") -> None:
+  print(
+    f"{label:<11} {what:<26} {results / cpu / 1e6:5.2f}M results/s per core"
+    f" ({results / wall / 1e6:.2f}M/s wall){extra}",
+    flush=True,
+  )
+
+
+def _blocks(path: str):
+  entry = remote.expand(path, ingest.storage_options())[0]
+  return ingest.iter_blocks(entry, ingest.storage_options(), ingest.BLOCK_BYTES, None)
 
 
 def _read_and_map(path: str) -> int:
   counts = ripe_json.Counts()
-  entry = remote.expand(path, ingest.storage_options())[0]
-  for data, line, unit in ingest.iter_blocks(
-    entry, ingest.storage_options(), ingest.BLOCK_BYTES, None
-  ):
-    ripe_json.rows_of_block(data, line, path, unit, counts, skip_bad=False)
+  for block in _blocks(path):
+    ripe_json.rows_of_block(block, path, counts, skip_bad=False)
   return counts.results
 
 
+def _readers(label: str, path: str, results: int) -> None:
+  blocks = [block.data for block in _blocks(path)]
+  size = sum(len(b) for b in blocks)
+  for what, read in (
+    (
+      "pyarrow read_json alone",
+      lambda b: pj.read_json(pa.BufferReader(b), parse_options=_PYARROW_PARSE),
+    ),
+    ("duckdb read_json alone", ripe_json._read),
+  ):
+    _, wall, cpu = _timed(lambda read=read: [read(b) for b in blocks])
+    _print(label, what, results, wall, cpu, f", {size / cpu / 1e6:.0f} MB/s per core")
+
+
 def _report(label: str, path: str, work: str) -> None:
-  size = os.path.getsize(path)
   results, wall, cpu = _timed(lambda: _read_and_map(path))
-  print(
-    f"{label:<12} read+map: {results / cpu / 1e6:5.2f}M results/s per core"
-    f" ({results / wall / 1e6:.2f}M/s wall, {size / cpu / 1e6:4.0f} MB/s of input per core)"
-  )
+  _print(label, "read+map", results, wall, cpu)
   summary, wall, cpu = _timed(
     lambda: ingest.ingest([path], os.path.join(work, "out"), progress=False)
   )
-  print(
-    f"{label:<12} ingest:   {results / cpu / 1e6:5.2f}M results/s per core"
-    f" ({results / wall / 1e6:.2f}M/s wall), {summary.counts.rows:,} rows"
-  )
+  _print(label, "ingest", results, wall, cpu, f", {summary.counts.rows:,} rows")
+
+
+def _three_packets(match: re.Match) -> bytes:
+  rtt = match.group(1)
+  return b'"result":[{"rtt":%s},{"rtt":%s},{"x":"*"}],"dup":0,"rcvd":2,"sent":3' % (rtt, rtt)
 
 
 def main() -> None:
@@ -76,28 +115,42 @@ def main() -> None:
     )
     with open(path, "rb") as f:
       lines = f.read()
+    three = os.path.join(work, "three.json")
+    with open(three, "wb") as f:
+      f.write(_ONE_REPLY.sub(_three_packets, lines))
     print(
-      f"{args.rows:,} results, {len(lines) / args.rows:.0f} bytes a line,"
+      f"{args.rows:,} results, {len(lines) / args.rows:.0f} bytes a line"
+      f" ({os.path.getsize(three) / args.rows:.0f} with 3 packets),"
       f" {os.cpu_count()} CPUs on this machine"
     )
-    _, wall, cpu = _timed(lambda: pj.read_json(path, parse_options=ripe_json._PARSE))
-    print(
-      f"{'JSON lines':<12} pyarrow.json.read_json alone (the parser's ceiling):"
-      f" {args.rows / cpu / 1e6:.2f}M results/s per core ({len(lines) / cpu / 1e6:.0f} MB/s)"
-    )
-    _report("JSON lines", path, work)
+    for label, file in (("1 packet", path), ("3 packets", three)):
+      _readers(label, file, args.rows)
+      _report(label, file, work)
+    os.remove(three)
+
     array = os.path.join(work, "array.json")
     with open(array, "wb") as f:
       f.write(b"[" + b",".join(lines.splitlines()) + b"]")
     _report("JSON array", array, work)
     os.remove(array)
+
     cut = 0
     for _ in range(args.bz2_rows):
       cut = lines.index(b"\n", cut) + 1
     compressed = os.path.join(work, "dump.json.bz2")
     with open(compressed, "wb") as f:
       f.write(bz2.compress(lines[:cut]))
-    _report("bz2 lines", compressed, work)
+    with open(compressed, "rb") as f:
+      packed = f.read()
+    _, wall, cpu = _timed(lambda: bz2.decompress(packed))
+    _print("bz2", "Python bz2 alone", args.bz2_rows, wall, cpu, f", {cut / cpu / 1e6:.0f} MB/s")
+    if shutil.which("bzip2"):
+      _, wall, cpu = _timed(
+        lambda: subprocess.run(["bzip2", "-dc", compressed], stdout=subprocess.DEVNULL),
+        resource.RUSAGE_CHILDREN,
+      )
+      _print("bz2", "bzip2 -dc alone", args.bz2_rows, wall, cpu)
+    _report("bz2", compressed, work)
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   print(
     f"peak RSS of this process (generate and the input held in memory included): {peak:.0f} MiB"

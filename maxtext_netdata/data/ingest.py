@@ -16,11 +16,14 @@ an earlier run in the folder are replaced.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -68,16 +71,68 @@ def storage_options() -> remote.StorageOptions:
   return remote.StorageOptions.from_config(load_config(None))
 
 
+def _read_ahead(stream, block_bytes: int):
+  """`stream`'s pieces, read (and decompressed) in a thread one piece ahead of the caller.
+
+  Decompression then runs beside the parsing of the previous piece: at most two pieces are
+  held besides the caller's. An error reading is raised in the caller, in order; closing
+  the generator stops the thread before it returns.
+  """
+  pieces = queue.Queue(maxsize=1)
+  stop = threading.Event()
+
+  def read() -> None:
+    while not stop.is_set():
+      try:
+        piece = stream.read(block_bytes)
+      except BaseException as e:  # handed to the caller, which raises it
+        piece = e
+      while not stop.is_set():
+        try:
+          pieces.put(piece, timeout=0.1)
+          break
+        except queue.Full:
+          pass
+      if isinstance(piece, BaseException) or not piece:
+        return
+
+  thread = threading.Thread(target=read, name="ingest-read-ahead", daemon=True)
+  thread.start()
+  try:
+    while True:
+      piece = pieces.get()
+      if isinstance(piece, BaseException):
+        raise piece
+      yield piece
+      if not piece:
+        return
+  finally:
+    stop.set()
+    thread.join()
+
+
+def _read_inline(stream, block_bytes: int):
+  while True:
+    piece = stream.read(block_bytes)
+    yield piece
+    if not piece:
+      return
+
+
 def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
-  """(newline-delimited results, first line number, unit name) of one input, block by block."""
+  """The newline-delimited results of one input as `ripe_json.Block`s, block by block.
+
+  Compressed inputs are decompressed a piece ahead in a thread (`_read_ahead`).
+  """
   codec = _CODECS.get(os.path.splitext(entry.uri)[1].lower())
   raw = remote.open_input_file(entry, options)
   stream = pa.CompressedInputStream(raw, codec) if codec else raw
-  array, carry, line, position = None, b"", 1, 0
+  pieces = (_read_ahead if codec else _read_inline)(stream, block_bytes)
+  array, carry, line, position, unit = None, b"", 1, 0, "line"
   try:
     while True:
       try:
-        piece = stream.read(block_bytes)
+        piece = next(pieces)
       except (OSError, pa.ArrowException) as e:
         what = f"corrupt or truncated {codec} data" if codec else "read error"
         raise DataError(f"{entry.uri}: {what} after line {line - 1} ({e})") from None
@@ -85,23 +140,31 @@ def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
       if array is None and (piece.lstrip() or last):
         array = (carry + piece).lstrip()[:1] == b"["
         if array:
-          converter = ripe_json.ArrayToLines(entry.uri)
+          converter, unit = ripe_json.ArrayToLines(entry.uri), "array element"
       if progress is not None:
         done = raw.tell()
         progress.update(done - position)
         position = done
       if array:
         data = converter.feed(piece, last)
+      elif last:
+        data, carry = carry, b""
       else:
-        data = carry + piece
-        cut = len(data) if last else data.rfind(b"\n") + 1
-        data, carry = data[:cut], data[cut:]
-      if data.strip():
-        yield data, line, "array element" if array else "line"
-        line += data.count(b"\n")
+        cut = piece.rfind(b"\n") + 1
+        if cut == 0:  # a line longer than a block
+          data, carry = b"", carry + piece
+        else:  # one copy at most: the carry and the piece up to its last newline
+          whole = not carry and cut == len(piece)
+          data = piece if whole else b"".join((carry, memoryview(piece)[:cut]))
+          carry = piece[cut:]
+      if data and not data.isspace():
+        block = ripe_json.Block(data, line, ripe_json.count_newlines(data), unit)
+        yield block
+        line += block.newlines
       if last:
         return
   finally:
+    pieces.close()
     raw.close()
 
 
@@ -218,13 +281,14 @@ def ingest(
   try:
     runs, buffer, buffered = [], [], 0
     for entry in entries:
-      for data, line, unit in iter_blocks(entry, options, block_bytes, bar):
-        table = ripe_json.rows_of_block(data, line, entry.uri, unit, counts, skip_bad)
-        buffer.append(table)
-        buffered += table.num_rows
-        if buffered >= run_rows:
-          runs.append(_write_run(buffer, runs_dir, len(runs)))
-          buffer, buffered = [], 0
+      with contextlib.closing(iter_blocks(entry, options, block_bytes, bar)) as blocks:
+        for block in blocks:
+          table = ripe_json.rows_of_block(block, entry.uri, counts, skip_bad)
+          buffer.append(table)
+          buffered += table.num_rows
+          if buffered >= run_rows:
+            runs.append(_write_run(buffer, runs_dir, len(runs)))
+            buffer, buffered = [], 0
     bar.close()
     if counts.rows == 0:
       raise DataError(f"{', '.join(inputs)}: no ping result gave a row")
