@@ -25,6 +25,8 @@ INSTALL_REQUIRES = [
   "matplotlib>=3.9,<4",
   "psutil>=5.9,<8",
   "tqdm>=4.66,<5",
+  # `ingest`'s JSON reader (yyjson inside, typed columns straight to Arrow).
+  "duckdb>=2.0.1,<2.1",
 ]
 
 EXTRAS_REQUIRE = {
