@@ -286,13 +286,16 @@ def order_bucket(chunks: list[Chunk]) -> SortedBucket:
   """`sort_bucket` without moving the rows: the columns and their permutation."""
   hashed = bool(chunks) and "hashed_order" in chunks[0].columns
   n = sum(len(c) for c in chunks)
-  columns = {}
-  for name in _names(hashed):
-    dtype, tail = store.ROW_ARRAYS[name]
-    columns[name] = np.empty((n, *tail), dtype=dtype)
   keys = np.concatenate([c.keys for c in chunks]) if chunks else np.zeros((0, 17), np.uint8)
   hashes = np.concatenate([c.hashes for c in chunks]) if chunks else np.zeros(0, np.uint64)
-  entry = np.empty(n, dtype=np.int32)
+  if len(chunks) == 1:  # e.g. a spill file's, read into place: nothing to join (only read)
+    columns, entry = chunks[0].columns, chunks.pop().probe
+  else:
+    columns = {}
+    for name in _names(hashed):
+      dtype, tail = store.ROW_ARRAYS[name]
+      columns[name] = np.empty((n, *tail), dtype=dtype)
+    entry = np.empty(n, dtype=np.int32)
   at, key_at = 0, 0
   while chunks:
     chunk = chunks.pop(0)
@@ -426,18 +429,52 @@ class SpillWriter:
       f.close()
 
   def read(self, bucket: int) -> list[Chunk]:
-    """The bucket's chunks; the file is removed once read (its rows now live in memory)."""
+    """The bucket's chunks; the file is removed once read (its rows now live in memory).
+
+    From a file, the records are read straight into one chunk's preallocated arrays (no
+    intermediate buffer, no copy into place afterwards).
+    """
     if self.held is not None:
       chunks, self.held = self.held, []
       return chunks
     if bucket not in self.files:
       return []
     with open(self.path(bucket), "rb") as f:
-      data = f.read()
+      chunk = _read_records(f, self.rows[bucket])
     os.remove(self.path(bucket))
-    chunks, at, view = [], 0, memoryview(data)  # chunks are views of `data`, not copies
-    while at < len(data):
-      size = int.from_bytes(view[at : at + 8], "little")
-      chunks.append(Chunk.from_bytes(view[at + 8 : at + 8 + size]))
-      at += 8 + size
-    return chunks
+    return [chunk]
+
+
+def _read_records(f, rows: int) -> Chunk:
+  """The `Chunk.parts` records of file `f` (`rows` rows in all) as one chunk."""
+  columns, hashed = None, False
+  probe = np.empty(rows, np.int32)
+  keys, hashes = [], []
+  at, key_at = 0, 0
+
+  def read_into(array: np.ndarray) -> None:
+    view = memoryview(array).cast("B")
+    if f.readinto(view) != len(view):
+      raise OSError(f"{f.name}: spill file cut short")
+
+  while size := f.read(8):
+    head = np.frombuffer(f.read(24), np.int64)
+    n, k, hashed = int(head[0]), int(head[1]), bool(head[2])
+    if columns is None:
+      columns = {}
+      for name in _names(hashed):
+        dtype, tail = store.ROW_ARRAYS[name]
+        columns[name] = np.empty((rows, *tail), dtype=dtype)
+    key_part, hash_part = np.empty((k, 17), np.uint8), np.empty(k, np.uint64)
+    read_into(key_part)
+    read_into(hash_part)
+    keys.append(key_part)
+    hashes.append(hash_part)
+    read_into(probe[at : at + n])
+    probe[at : at + n] += key_at
+    for name in _names(hashed):
+      read_into(columns[name][at : at + n])
+    at, key_at = at + n, key_at + k
+    del size
+  assert at == rows, (f.name, at, rows)
+  return Chunk(np.concatenate(keys), np.concatenate(hashes), probe, columns)
