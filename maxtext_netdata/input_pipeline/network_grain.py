@@ -7,6 +7,9 @@
       .mp_prefetch(MultiprocessingOptions)   only when grain_worker_count > 0
       .map(ShiftData)                    with workers: the targets, shifted left (SPEC §4)
 
+In-process with no read threads, `SynchronousIterator` calls the same BuildBatch per step
+itself: the same batches without Grain's per-element bookkeeping.
+
 A Grain element is a whole host batch: Grain's per-element cost (~5-7 us) is then paid once
 per batch, and each batch is built by one vectorized call. The graph holds only small
 parameters and the store's path (workers are spawned and get it cloudpickled); plans and
@@ -134,12 +137,15 @@ def make_iterator(
   *,
   start: int = 0,
   in_process: bool = False,
-) -> grain.DatasetIterator:
+) -> grain.DatasetIterator | SynchronousIterator:
   """The Grain iterator of host batches from global step `start`, with the worker processes
   of `grain_worker_count` unless `in_process` (they start at its first `next` or
-  `start_prefetch`)."""
+  `start_prefetch`). In-process without read threads, a `SynchronousIterator` of the same
+  batches."""
   batch_bytes = host_batch_bytes(hi - lo, builder.seq_len)
   workers = 0 if in_process else worker_count(config, batch_bytes)
+  if workers == 0 and config.grain_num_threads == 0:
+    return SynchronousIterator(BuildBatch(builder, lo, hi, shifted=True), start, num_steps)
   dataset = make_dataset(builder, lo, hi, num_steps, shifted=workers == 0)
   if start:
     dataset = dataset[start:]
@@ -163,6 +169,36 @@ def make_iterator(
       )
     )
   return iter(dataset.map(ShiftData()) if workers > 0 else dataset)
+
+
+class SynchronousIterator:
+  """`BuildBatch` of steps start, start + 1, ... (up to `num_steps`) in the calling thread.
+
+  What Grain's iterator does with no read threads and no workers, without its per-element
+  bookkeeping (locks, timers, stats, filter checks: measured 25-45 us a batch, a third of an
+  8 x 1024 batch's whole cost). Has the methods `HostBatchIterator` uses.
+  """
+
+  def __init__(self, build: BuildBatch, start: int, num_steps: int | None):
+    self._build = build
+    self._step = start
+    self._end = sys.maxsize if num_steps is None else num_steps
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self._step >= self._end:
+      raise StopIteration
+    batch = self._build.map(self._step)
+    self._step += 1
+    return batch
+
+  def start_prefetch(self) -> None:
+    """Nothing to start: batches are built when asked for."""
+
+  def close(self) -> None:
+    self._step = self._end
 
 
 class WorkerError(UserError):

@@ -80,6 +80,19 @@ def test_forever_has_no_end(store):
   iterator.close()
 
 
+def test_without_read_threads_the_same_batches_come_without_grain(store):
+  threaded, builder = make(store, "grain_worker_count=0", "grain_num_threads=2", num_epoch=2)
+  direct, _ = make(store, "grain_worker_count=0", "grain_num_threads=0", num_epoch=2)
+  steps = builder.num_steps
+  grained = network_grain.make_iterator(threaded, builder, 0, BATCH, steps, start=3)
+  plain = network_grain.make_iterator(direct, builder, 0, BATCH, steps, start=3)
+  assert isinstance(plain, network_grain.SynchronousIterator)
+  want = [digest(batch) for batch in grained]
+  grained.close()
+  assert [digest(batch) for batch in plain] == want and len(want) == steps - 3
+  plain.close()
+
+
 def positioned(config, builder, **kwargs):
   return network_grain.HostBatchIterator(config, builder, 0, BATCH, builder.num_steps, **kwargs)
 
