@@ -14,10 +14,15 @@ batches are bit-identical to those of the numpy builder this kernel replaced.
 
 Compiled by numba with `cache=True`: the machine code is stored beside this file (or in
 NUMBA_CACHE_DIR) on the first call ever, so later runs and spawned Grain workers load it
-instead of compiling.
+instead of compiling. Loading still sets up numba's compiler state in each new process (~0.5 s,
+most of it numba's BLAS probe importing scipy.linalg); `load_in_background` starts that on a
+thread so it overlaps the rest of start-up (store checks, JAX, the model's compile) instead of
+delaying the first batch.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numba
 import numpy as np
@@ -347,6 +352,25 @@ def empty_output(shape: tuple[int, int]) -> np.ndarray:
   raw = np.empty(size + OUTPUT_ALIGNMENT, dtype=np.uint8)
   start = -raw.ctypes.data % OUTPUT_ALIGNMENT
   return raw[start : start + size].view(np.int32).reshape(shape)
+
+
+@numba.njit(cache=True, nogil=True)
+def _loaded():
+  return 0
+
+
+_loading: list[threading.Thread] = []
+_loading_lock = threading.Lock()
+
+
+def load_in_background() -> None:
+  """Starts (once per process) loading a cached kernel on a daemon thread: numba sets up its
+  compiler state, which every kernel's first call needs; a kernel called meanwhile waits for
+  it under numba's compiler lock."""
+  with _loading_lock:
+    if not _loading:
+      _loading.append(threading.Thread(target=_loaded, name="batch-kernel-load", daemon=True))
+      _loading[0].start()
 
 
 def permutations() -> np.ndarray:

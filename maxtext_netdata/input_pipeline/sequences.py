@@ -113,6 +113,7 @@ class BatchBuilder:
     self._stream_keys: dict[int, np.ndarray] = {}
     self._lock = threading.Lock()  # Grain's read threads share the builder
     self._buffers = buffers.OutputPool()  # batches' memory, reused once they are released
+    batch_kernel.load_in_background()  # while plans, JAX and the model get ready
 
   @classmethod
   def from_config(cls, config, store, global_batch_size: int, **overrides) -> BatchBuilder:

@@ -148,3 +148,30 @@ def test_outputs_are_aligned_for_jax_to_use_them_in_place(tmp_path):
   if jax.devices()[0].platform == "cpu":
     for key, array in global_batch.items():
       assert array.addressable_data(0).unsafe_buffer_pointer() == batch[key].ctypes.data, key
+
+
+_BACKGROUND = """
+import sys, threading
+from maxtext_netdata.data.store import PreparedStore
+from maxtext_netdata.input_pipeline import batch_kernel
+from maxtext_netdata.input_pipeline.sequences import BatchBuilder
+assert "numba.np.arraymath" not in sys.modules  # importing the kernel sets up nothing yet
+BatchBuilder(PreparedStore(sys.argv[1]), seq_len=256, global_batch_size=4, seed=0,
+  packing=True, shuffle=True, mode_weights=(0.4, 0.3, 0.3), field_order="random", num_epoch=-1)
+[thread] = [t for t in threading.enumerate() if t.name == "batch-kernel-load"]
+thread.join()
+# numba's compiler state is ready before any batch is asked for.
+print("numba.np.arraymath" in sys.modules, len(batch_kernel.fill_batch.overloads))
+"""
+
+
+def test_a_builder_sets_up_the_kernel_s_compiler_state_on_a_thread(tmp_path):
+  store = pipeline_helpers.write_store(str(tmp_path / "train"), probes=20)
+  result = subprocess.run(
+    [sys.executable, "-c", _BACKGROUND, store.path],
+    capture_output=True,
+    text=True,
+    check=True,
+    timeout=300,
+  )
+  assert result.stdout.split() == ["True", "0"]
