@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -154,16 +155,34 @@ def test_every_real_shape_maps_as_the_spec_says(tmp_path):
   assert marker["rows"] == 9 and marker["files"] == ["pings-00000-of-00001.parquet"]
 
 
-def test_arrow_path_and_per_line_path_give_the_same_rows(tmp_path):
-  # Modern results alone go through pyarrow's reader; beside firmware-0 strings the block
-  # falls back to json.loads per line. Both must map them alike.
-  fast = ingest(
-    [_write(tmp_path / "a.json", _lines(MODERN))], str(tmp_path / "fast"), progress=False
-  )
-  ingest([_write(tmp_path / "b.json", _lines(MODERN + FIRMWARE_0))], str(tmp_path / "slow"))
-  slow_rows = [r for r in _tuples(_rows(tmp_path / "slow")) if r[0] != 1003]
-  assert _tuples(_rows(tmp_path / "fast")) == slow_rows
-  assert fast.counts.rows == len(slow_rows)
+# Values DuckDB's reader casts (a float id, a boolean, numbers as text, an address that is a
+# number): the lines of a block it rejects are read again by halves, and must cast alike.
+ODD = [
+  dict(MODERN[0], msm_id=1005.6, prb_id="12", timestamp=T0 + 20),
+  dict(MODERN[1], af="6", rcvd=True, timestamp=T0 + 21, result=[{"rtt": "7.5"}, {"dup": True}]),
+  dict(FIRMWARE_0[0], src_addr=5, timestamp=T0 + 22),
+]
+
+
+def test_whole_block_and_halves_give_the_same_rows(tmp_path):
+  results = [dict(r, timestamp=T0 + 100 + i) for i, r in enumerate(MODERN * 20 + ODD * 20)]
+  good = _lines(results).splitlines(keepends=True)
+  spoiled = list(good)
+  for at in (7, 33, 34, 101):  # four bad lines: the block is read again by halves
+    spoiled.insert(at, b'{"type": "ping", "msm_id": "x"}\n' if at == 33 else b"not json\n")
+  whole = ingest([_write(tmp_path / "a.json", b"".join(good))], str(tmp_path / "a"), progress=False)
+  path = _write(tmp_path / "b.json", b"".join(spoiled))
+  halves = ingest([path], str(tmp_path / "b"), skip_bad=True, progress=False)
+  assert _rows(tmp_path / "b").equals(_rows(tmp_path / "a"))
+  assert halves.counts.bad_lines == 4 and whole.counts.rows == halves.counts.rows
+  rows = _tuples(_rows(tmp_path / "a"))
+  assert (1006, "77.1.2.3", 12.5) in [(r[0], r[2], r[5]) for r in rows]  # 1005.6 rounds
+  assert (2001, 6, 7.5) in [(r[0], r[4], r[5]) for r in rows]
+  with pytest.raises(DataError, match=r"b.json: line 8: not JSON"):
+    ingest([str(tmp_path / "b.json")], str(tmp_path / "c"), progress=False)
+  del spoiled[7]
+  with pytest.raises(DataError, match=r"b.json: line 33: a field has an unusable value .*x"):
+    ingest([_write(tmp_path / "b.json", b"".join(spoiled))], str(tmp_path / "c"), progress=False)
 
 
 def test_json_array_and_every_compression_give_the_same_rows(tmp_path):
@@ -224,6 +243,19 @@ def test_bad_line_number_counts_every_earlier_block(tmp_path):
   path = _write(tmp_path / "long.json", lines + b"not json at all\n")
   with pytest.raises(DataError, match=r"long.json: line 501: not JSON"):
     ingest([path], str(tmp_path / "out"), block_bytes=1000, progress=False)
+
+
+@pytest.mark.parametrize("name", ["dump.json.bz2", "dump.json.gz", "dump.json"])
+def test_a_run_that_stops_leaves_no_reading_thread(tmp_path, name):
+  # The bad line comes first: the file is still being read when the run stops.
+  lines = b"not json\n" + _lines([dict(MODERN[0], timestamp=T0 + i) for i in range(3_000)])
+  data = {".bz2": bz2.compress, ".gz": gzip.compress}.get(os.path.splitext(name)[1], bytes)
+  path = _write(tmp_path / name, data(lines))
+  with pytest.raises(DataError, match="line 1: not JSON") as stopped:
+    ingest([path], str(tmp_path / "out"), block_bytes=4096, progress=False)
+  # Checked while the error (and with it every frame it came through) is still held.
+  assert [t.name for t in threading.enumerate() if t.name.startswith("ingest")] == []
+  assert stopped.value.line == 1
 
 
 def test_truncated_bz2_is_an_error_not_a_hang(tmp_path):
