@@ -12,6 +12,10 @@ written to a temporary parquet file; the runs are then merged (an external sort)
 single run is sorted in memory and written directly. Shards are written under temporary
 names and renamed; the `.complete` marker (JSON: counts and files) comes last, and files of
 an earlier run in the folder are replaced.
+
+Compressed inputs are decompressed in a thread one block ahead of the parsing (Arrow's
+decompressors run without the GIL), so decompression and parsing overlap where a core is
+free; three blocks are held at most.
 """
 
 from __future__ import annotations
