@@ -11,6 +11,7 @@ so no reader has to scan the store for them.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -81,6 +82,13 @@ class _Piece:
     array = _load(self.path, name)
     return array if rows is None else store.take_rows(array, rows)
 
+  def column_into(self, name: str, rows: np.ndarray | None, out: np.ndarray) -> None:
+    array = _load(self.path, name)
+    if rows is None:
+      out[...] = array
+    else:
+      store.take_rows(array, rows, out=out)
+
 
 class Assembler:
   """Sorted pieces, added in bucket order, streamed into the splits' files.
@@ -123,21 +131,16 @@ class Assembler:
     del probe_of_row
     for column in self.row_names:
       for name, rows in chosen.items():
-        if rows is None or len(rows):
-          self.writers[name].add_rows(column, piece.column(column, rows))
-        else:
-          self.writers[name].add_rows(column, _empty(column))
+        count = piece.num_rows if rows is None else len(rows)
+        self.writers[name].add_rows(
+          column, count, functools.partial(piece.column_into, column, rows)
+        )
 
   def finish(self) -> dict:
     return {
       name: writer.finish({**self.meta, "split": name}, self.hashed)
       for name, writer in self.writers.items()
     }
-
-
-def _empty(name: str) -> np.ndarray:
-  dtype, tail = store.ROW_ARRAYS[name]
-  return np.zeros((0, *tail), dtype)
 
 
 def _load(piece: str, name: str) -> np.ndarray:
@@ -161,18 +164,26 @@ def time_cutoff(pieces: list[str], fraction: float) -> int:
 
 
 class _Writer:
-  """One split folder: row arrays streamed into preallocated .npy files, probes gathered."""
+  """One split folder: row arrays written in place into preallocated .npy files, probes
+  gathered.
+
+  Rows are gathered straight into a memory map of the file's next rows (`add_rows`), one
+  piece's column at a time, and unmapped at once: no gathered copy, no write() copying it
+  again into page cache, and at most one piece's column mapped.
+  """
 
   def __init__(self, path: str, rows: int, names: list[str]):
     os.makedirs(path, exist_ok=True)
     self.path = path
     self.rows = rows
-    self.files = {}
+    self.files, self.starts, self.written = {}, {}, dict.fromkeys(names, 0)
     for name in names:
       dtype, tail = store.ROW_ARRAYS[name]
       f = open(os.path.join(path, f"{name}.npy"), "wb")  # noqa: SIM115 (closed in close)
       header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False}
       np.lib.format.write_array_header_1_0(f, {**header, "shape": (rows, *tail)})
+      self.starts[name] = f.tell()
+      f.truncate(f.tell() + rows * np.dtype(dtype).itemsize * int(np.prod(tail, dtype=np.int64)))
       self.files[name] = f
     self.sizes, self.src, self.version = [], [], []
     self.failed = 0
@@ -187,14 +198,28 @@ class _Writer:
     self.src.append(src[present])
     self.version.append(version[present])
 
-  def add_rows(self, name: str, array: np.ndarray) -> None:
+  def add_rows(self, name: str, rows: int, fill) -> None:
+    """The next `rows` rows of column `name`, written by `fill(out)` into `out`."""
+    if not rows:
+      return
+    dtype, tail = store.ROW_ARRAYS[name]
+    row_bytes = np.dtype(dtype).itemsize * int(np.prod(tail, dtype=np.int64))
+    self.files[name].flush()
+    out = np.memmap(
+      self.files[name].name,
+      dtype=dtype,
+      mode="r+",
+      offset=self.starts[name] + self.written[name] * row_bytes,
+      shape=(rows, *tail),
+    )
+    fill(out)
     if name == "failed":
-      self.failed += int(np.count_nonzero(array))
-      self.counter.add_failed(array, self.piece_sizes)
+      self.failed += int(np.count_nonzero(out))
+      self.counter.add_failed(out, self.piece_sizes)
     elif name == "seconds":
-      self.counter.add_seconds(array, self.piece_sizes)
-    if array.size:
-      self.files[name].write(memoryview(np.ascontiguousarray(array)).cast("B"))
+      self.counter.add_seconds(out, self.piece_sizes)
+    self.written[name] += rows
+    del out  # unmapped: the pages are page cache now, written back by the kernel
 
   def close(self) -> None:
     for f in self.files.values():

@@ -259,6 +259,10 @@ class SortedBucket:
     """Sorted column `name`, or its rows `rows` (indices into the sorted bucket)."""
     return store.take_rows(self.columns[name], self.perm if rows is None else self.perm[rows])
 
+  def column_into(self, name: str, rows: np.ndarray | None, out: np.ndarray) -> None:
+    """`column(name, rows)` written into `out`."""
+    store.take_rows(self.columns[name], self.perm if rows is None else self.perm[rows], out=out)
+
   def rows(self) -> store.ProbeRows:
     """The sorted bucket as one `store.ProbeRows` (columns gathered one at a time)."""
     columns = {name: None for name in store.ROW_ARRAYS}

@@ -289,15 +289,21 @@ class ProbeCounter:
     )
 
 
-def take_rows(array: np.ndarray, index: np.ndarray) -> np.ndarray:
-  """`array[index]` along axis 0; byte rows are moved as whole words (numpy gathers 2-D uint8
-  arrays byte by byte, several times slower)."""
+def take_rows(array: np.ndarray, index: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+  """`array[index]` along axis 0, into `out` when given; byte rows are moved as whole words
+  (numpy gathers 2-D uint8 arrays byte by byte, several times slower)."""
   if array.ndim == 2 and array.dtype == np.uint8 and array.shape[1] in (2, 4, 8, 16):
     width = array.shape[1]
-    words = np.ascontiguousarray(array).view(
-      np.uint16 if width == 2 else np.uint32 if width == 4 else np.uint64
-    )
+    word = np.uint16 if width == 2 else np.uint32 if width == 4 else np.uint64
+    words = np.ascontiguousarray(array).view(word)
+    if out is not None:
+      np.take(words, index, axis=0, out=out.view(word), mode="clip")
+      return out
     return np.take(words, index, axis=0).view(np.uint8).reshape(len(index), width)
+  if out is not None:
+    # mode="clip" (indices are in range): with "raise", numpy gathers into a buffer first.
+    np.take(array, index, axis=0, out=out, mode="clip")
+    return out
   return np.take(array, index, axis=0)
 
 
