@@ -10,7 +10,8 @@ For each it times, in this one process and back to back:
   (the reader ingest used first) and DuckDB's `read_json` (the one it uses, `ripe_json._read`);
 - `read+map`: blocks of the file through `ripe_json.rows_of_block` (reader and mapping to
   rows), the part that scales with the input;
-- `ingest`: the whole command (read, map, sort, write the parquet shards).
+- `ingest`: the whole command (read, map, sort, write the parquet shards), with one
+  mapping thread and with its default (one a core, at most `ingest.READERS`).
 Then the `1 packet` results as a JSON array and bz2-compressed, with bz2 decompression
 alone (Python's `bz2` and the `bzip2 -dc` tool) as the ceiling.
 
@@ -90,13 +91,16 @@ def _readers(label: str, path: str, results: int) -> None:
     _print(label, what, results, wall, cpu, f", {size / cpu / 1e6:.0f} MB/s per core")
 
 
-def _report(label: str, path: str, work: str) -> None:
+def _report(label: str, path: str, work: str, one_reader: bool = False) -> None:
   results, wall, cpu = _timed(lambda: _read_and_map(path))
   _print(label, "read+map", results, wall, cpu)
-  summary, wall, cpu = _timed(
-    lambda: ingest.ingest([path], os.path.join(work, "out"), progress=False)
-  )
-  _print(label, "ingest", results, wall, cpu, f", {summary.counts.rows:,} rows")
+  readers = min(ingest.READERS, os.cpu_count() or 1)
+  for n in ([1] if one_reader and readers > 1 else []) + [readers]:
+    summary, wall, cpu = _timed(
+      lambda n=n: ingest.ingest([path], os.path.join(work, "out"), progress=False, readers=n)
+    )
+    what = f"ingest, {n} mapping thread{'s' if n > 1 else ''}"
+    _print(label, what, results, wall, cpu, f", {summary.counts.rows:,} rows")
 
 
 def _three_packets(match: re.Match) -> bytes:
@@ -126,7 +130,7 @@ def main() -> None:
     ripe_json._read(b'{"msm_id": 1}\n')  # DuckDB's one-off start (its JSON extension) untimed
     for label, file in (("1 packet", path), ("3 packets", three)):
       _readers(label, file, args.rows)
-      _report(label, file, work)
+      _report(label, file, work, one_reader=True)
     os.remove(three)
 
     array = os.path.join(work, "array.json")
