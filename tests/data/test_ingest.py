@@ -238,11 +238,15 @@ def test_a_bad_line_is_one_error_line_naming_file_and_line(tmp_path, text, line,
   assert "1 bad lines" in skipped.stdout and "7 rows written" in skipped.stdout
 
 
-def test_bad_line_number_counts_every_earlier_block(tmp_path):
-  lines = _lines([dict(MODERN[0], timestamp=T0 + i) for i in range(500)])
-  path = _write(tmp_path / "long.json", lines + b"not json at all\n")
-  with pytest.raises(DataError, match=r"long.json: line 501: not JSON"):
-    ingest([path], str(tmp_path / "out"), block_bytes=1000, progress=False)
+@pytest.mark.parametrize("readers", [1, 4])
+def test_bad_line_number_counts_every_earlier_block(tmp_path, readers):
+  lines = _lines([dict(MODERN[0], timestamp=T0 + i) for i in range(500)]).splitlines(True)
+  lines.insert(450, b"[1, 2]\n")  # the first bad line, in a block mapped beside later ones
+  path = _write(tmp_path / "long.json", b"".join(lines) + b"not json at all\n")
+  with pytest.raises(DataError, match=r"long.json: line 451: not a JSON object \(a list\)"):
+    ingest([path], str(tmp_path / "out"), block_bytes=1000, progress=False, readers=readers)
+  done = ingest([path], str(tmp_path / "out"), block_bytes=1000, progress=False, skip_bad=True)
+  assert done.counts.bad_lines == 2 and done.counts.rows == 500 * 4
 
 
 @pytest.mark.parametrize("name", ["dump.json.bz2", "dump.json.gz", "dump.json"])
