@@ -18,6 +18,9 @@ unknown config keys are rejected, and the input pipeline dispatches on a fixed t
   so the data position (`network_grain.POSITION_FORMAT`: next global step and what identifies
   the data) goes into each checkpoint's `iter` item and a restart continues with exactly the
   next batch, whatever `grain_worker_count` / `grain_num_threads` either run used.
+  `grain_utility.for_restore` restores our iterator from the checkpoint's per-process files
+  whatever process count wrote them (MaxText's own restore needs one file per process or
+  `expansion_factor_real_data`): the position is global, so every file holds the same one.
 - processes: the train iterator's Grain workers start at its first batch; the eval iterator
   loads in-process, and each MaxText `reset()` closes the iterator it replaces.
 - metrics: each training step's scalars (TensorBoard, `metrics_file`) gain
@@ -77,6 +80,8 @@ _REQUIRED = (
   ("maxtext.input_pipeline.multihost_dataloading", "MultiHostDataLoadIterator"),
   ("maxtext.common.checkpointing", "save_checkpoint"),
   ("maxtext.common.checkpointing", "load_state_if_possible"),
+  ("maxtext.common.grain_utility", "for_restore"),
+  ("maxtext.common.grain_utility", "GrainCheckpointable"),
   ("maxtext.common.metric_logger", "MetricLogger"),
 )
 
@@ -370,6 +375,55 @@ def _make_load_state(original):
   return load_state_if_possible
 
 
+_STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
+
+
+def _make_for_restore(grain_utility, original, iterator_class):
+  """`for_restore` that restores our iterator from a checkpoint written by any process count.
+
+  Every process of the saving run wrote `process_<i>-of-<n>.json` holding the same global
+  position. Each restoring process reads all n files (small JSON; every process reaches the
+  same verdict, so a bad checkpoint stops them all instead of leaving some in a collective),
+  checks that they are complete and agree, and has MaxText's `GrainCheckpointable` restore
+  from file `process_index mod n`. Other iterators keep MaxText's own restore.
+  """
+
+  @functools.wraps(original)
+  def for_restore(checkpoint_manager, step, data_iterator, expansion_factor_real_data):
+    if not isinstance(data_iterator, iterator_class):
+      return original(checkpoint_manager, step, data_iterator, expansion_factor_real_data)
+    import jax  # noqa: PLC0415
+
+    directory = checkpoint_manager.directory / str(step) / "iter"
+    files = {}
+    for path in directory.glob("process_*-of-*.json"):
+      match = _STATE_FILE.fullmatch(path.name)
+      if match:
+        files[int(match[1]), int(match[2])] = path
+    counts = {count for _, count in files}
+    if len(counts) != 1 or len(files) != next(iter(counts)):
+      raise MaxTextPluginError(
+        f"{directory}: the data position files {sorted(p.name for p in files.values())} are"
+        " not one complete set process_<i>-of-<n>.json; the checkpoint is incomplete"
+      )
+    (count,) = counts
+    positions = {key: json.loads(path.read_text()) for key, path in sorted(files.items())}
+    first = positions[0, count]
+    differ = [f"process_{i}-of-{n}.json" for (i, n), state in positions.items() if state != first]
+    if differ:
+      raise MaxTextPluginError(
+        f"{directory}: {', '.join(differ)} hold another data position than"
+        f" process_0-of-{count}.json ({first.get('step')!r}); the checkpoint is inconsistent"
+      )
+    return grain_utility.GrainCheckpointable(
+      data_iterator.local_iterator,
+      restore_process_index=jax.process_index() % count,
+      restore_process_count=count,
+    )
+
+  return for_restore
+
+
 def _make_buffer_and_write_metrics(original):
   @functools.wraps(original)
   def buffer_and_write_metrics(self, metrics, step, step_time_delta=None, is_training=True):
@@ -421,12 +475,17 @@ def install():
   checkpointing = modules["maxtext.common.checkpointing"]
   metric_logger = modules["maxtext.common.metric_logger"]
   multihost_dataloading = modules["maxtext.input_pipeline.multihost_dataloading"]
+  grain_utility = modules["maxtext.common.grain_utility"]
 
   config_class = _make_config_class(types)
   pyconfig.initialize = _default_config_class(pyconfig.initialize, config_class)
   pyconfig.initialize_pydantic = _default_config_class(pyconfig.initialize_pydantic, config_class)
+  iterator_class = _make_iterator_class(multihost_dataloading)
   interface.create_data_iterator = _make_create_data_iterator(
-    interface, interface.create_data_iterator, _make_iterator_class(multihost_dataloading)
+    interface, interface.create_data_iterator, iterator_class
+  )
+  grain_utility.for_restore = _make_for_restore(
+    grain_utility, grain_utility.for_restore, iterator_class
   )
   checkpointing.save_checkpoint = _make_save_checkpoint(checkpointing.save_checkpoint)
   checkpointing.load_state_if_possible = _make_load_state(checkpointing.load_state_if_possible)
