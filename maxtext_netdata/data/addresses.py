@@ -62,15 +62,19 @@ class _ParsedAddresses:
         return self.lookup(dictionary)
       new = pc.unique(dictionary.filter(found.is_null()))
       new_bytes, new_family = _parse_unique(new.to_pylist())
+      known = len(self.texts)
       self.texts = pa.concat_arrays([self.texts, new])
       self.bytes = np.concatenate([self.bytes, new_bytes])
       self.family = np.concatenate([self.family, new_family])
-      found = pc.index_in(dictionary, value_set=self.texts)
+      # Only the new texts are matched again, not every known one.
+      found = pc.coalesce(found, pc.add(pc.index_in(dictionary, value_set=new), known))
     index = found.to_numpy(zero_copy_only=False)
     return self.bytes[index], self.family[index]
 
 
-_PARSED = _ParsedAddresses()
+# One cache per column: sources and destinations are mostly different addresses, and each
+# lookup hashes all of its cache's texts (Arrow's `index_in` builds its set on every call).
+_PARSED: dict[str, _ParsedAddresses] = {}
 
 
 def _as_string_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -116,7 +120,8 @@ def parse_addresses(
       f"{source}: column {column_name!r} is corrupt: dictionary indices past its"
       f" {len(encoded.dictionary)} entries"
     )
-  unique_bytes, unique_family = _PARSED.lookup(encoded.dictionary)
+  parsed = _PARSED.setdefault(column_name, _ParsedAddresses())
+  unique_bytes, unique_family = parsed.lookup(encoded.dictionary)
   # Row -1 (null) maps to an extra all-zero, either-version entry.
   unique_bytes = np.concatenate([unique_bytes, np.zeros((1, ADDRESS_BYTES), np.uint8)])
   unique_family = np.concatenate([unique_family, np.array([-1], np.int8)])
