@@ -76,9 +76,10 @@ class _KnownHashes:
         return self.lookup(keys)
       new = pc.unique(wanted.filter(found.is_null()))
       digests = [hashlib.blake2b(key, digest_size=8).digest() for key in new.to_pylist()]
+      known = len(self.keys)
       self.keys = pa.concat_arrays([self.keys, new])
       self.hashes = np.concatenate([self.hashes, np.frombuffer(b"".join(digests), ">u8")])
-      found = pc.index_in(wanted, value_set=self.keys)
+      found = pc.coalesce(found, pc.add(pc.index_in(wanted, value_set=new), known))
     return self.hashes[found.to_numpy(zero_copy_only=False)].astype(np.uint64)
 
 
