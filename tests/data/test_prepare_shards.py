@@ -12,6 +12,9 @@ import sys
 import time
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from maxtext_netdata import config
@@ -180,3 +183,26 @@ def test_two_concurrent_prepares_end_with_one_valid_store(tmp_path, raw_files):
   assert len(entries) == 1  # one store; no second build, temporary folder or lock left
   splits = prepare.prepare(make_config(tmp_path, raw_files), progress=False)
   assert splits.cached and splits.train.num_rows + splits.eval.num_rows == 30_000
+
+
+def test_two_spellings_of_a_source_address_are_one_probe(tmp_path, raw_files, monkeypatch):
+  """A batch's probes come from its source dictionary, where "2001:DB8::1" and "2001:db8::1"
+  are two entries: they are still one probe, as in a store of the lowercase rows."""
+  table = pa.concat_tables([pq.read_table(f) for f in raw_files])
+  src = table.column("src_addr").combine_chunks().cast(pa.string())
+  every_other = pa.array(np.arange(table.num_rows) % 2 == 1)
+  mixed = pc.if_else(every_other, pc.utf8_upper(src), src)
+  assert pc.sum(pc.not_equal(mixed, src)).as_py() > 1000  # IPv6 sources with hex letters
+  path = str(tmp_path / "mixed.parquet")
+  index = table.schema.get_field_index("src_addr")
+  pq.write_table(table.set_column(index, "src_addr", mixed), path, row_group_size=4000)
+  one = prepare.prepare(make_config(tmp_path / "one", raw_files), progress=False)
+  expected = {k: v for k, v in store_files(one.summary["path"]).items() if k.endswith(".npy")}
+  for name in ("in memory", "spilled"):
+    if name == "spilled":
+      monkeypatch.setattr(shards, "MAX_BUCKET_ROWS", 5_000)
+    other = prepare.prepare(make_config(tmp_path / name, [path]), progress=False)
+    got = {k: v for k, v in store_files(other.summary["path"]).items() if k.endswith(".npy")}
+    assert got.keys() == expected.keys()
+    for key in got:
+      assert got[key] == expected[key], (name, key)
