@@ -357,3 +357,29 @@ def test_epoch_plans_are_kept_beside_the_store_and_mapped(sample_dir, tmp_path):
   other.plan(0)
   names = sorted(n for n in os.listdir(plans_dir) if not n.startswith("."))
   assert len(names) == 3  # epochs 2 and 3 of seed 3, epoch 0 of seed 99
+
+
+@pytest.mark.parametrize("hashed", [False, True])
+def test_rows_tied_on_probe_and_second_are_ordered_by_rtt_then_destination(hashed):
+  """The documented order, written out as one lexsort: (probe, seconds, RTT bits, destination
+  as two big-endian words, hashed order), on rows with many ties in shuffled order."""
+  rng = np.random.default_rng(3)
+  n = 5_000
+  probe = rng.integers(0, 40, n).astype(np.int32)
+  columns = {
+    "seconds": rng.integers(0, 30, n).astype(np.int64),
+    "dst": rng.integers(0, 3, (n, 16)).astype(np.uint8),  # equal destinations happen
+    "rtt_ms": rng.choice([1.5, 2.0, -1.0], n).astype(np.float32),
+  }
+  if hashed:
+    columns["hashed_order"] = rng.integers(0, 4, (n, 2)).astype(np.uint8)
+  perm = shards.row_order(probe, columns)
+  dst = columns["dst"].view(">u8")
+  keys = [dst[:, 1], dst[:, 0], columns["rtt_ms"].view(np.uint32), columns["seconds"], probe]
+  if hashed:
+    keys.insert(0, columns["hashed_order"].view(np.uint16)[:, 0])
+  expected = np.lexsort(keys)
+  rows = [
+    np.stack([np.asarray(k)[p] for k in keys]) for p in (perm, expected)
+  ]  # equal rows may swap places: compare the rows, not the indices
+  np.testing.assert_array_equal(rows[0], rows[1])
