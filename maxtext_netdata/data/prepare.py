@@ -29,18 +29,23 @@ import json
 import os
 import resource
 import shutil
-import signal
 import sys
 import time
 import uuid
 
-import numpy as np
 import psutil
-import tqdm
 
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.config import load as load_config
-from maxtext_netdata.data import assemble, raw_reader, remote, shards, store, store_copy
+from maxtext_netdata.data import (
+  assemble,
+  local_runner,
+  raw_reader,
+  remote,
+  shards,
+  store,
+  store_copy,
+)
 from maxtext_netdata.errors import DataError
 
 
@@ -56,13 +61,11 @@ class PreparedSplits:
 
 # Config keys whose value changes the store's content.
 _CONTENT_KEYS = ("network_split", "network_test_fraction", "network_skip_bad_rows")
-# Set to a stage name ("reading", "partitioned", "sorted", "assembled"), a prepare stops
-# itself there with SIGSTOP: the crash tests kill it at a known point.
-PAUSE_ENV = "MAXTEXT_NETDATA_PREPARE_PAUSE_AT"
+PAUSE_ENV = local_runner.PAUSE_ENV
+_pause_point = local_runner.pause_point
 
 
-def _hashed(config) -> bool:
-  return config.network_field_order == "hashed"
+_hashed = local_runner.hashed
 
 
 def fingerprint(
@@ -89,7 +92,7 @@ def prepare(config, *, progress: bool = True, force: bool = False, runner=None) 
   """Build the store of `config` unless a current one exists (or `force`); open it.
 
   `runner` builds the sorted pieces of one set of files (`data.prepare_beam.runner`); None
-  is the built-in one (`_local_pieces`). Listing, locking, assembling and caching are shared.
+  is the built-in one (`data.local_runner`). Listing, locking, assembling and caching are shared.
   """
   if not config.grain_train_files.strip():
     raise ConfigError("grain_train_files is empty: set it to raw parquet paths, globs or URIs")
@@ -190,12 +193,6 @@ def _open_complete(root: str) -> PreparedSplits | None:
   )
 
 
-def _pause_point(stage: str) -> None:
-  """Stop this process at `stage` when the environment asks (the crash tests kill it there)."""
-  if os.environ.get(PAUSE_ENV) == stage:
-    os.kill(os.getpid(), signal.SIGSTOP)
-
-
 def _build_group(config, options, files, *, work, name, split, meta, progress, runner) -> tuple:
   """Prepare one set of files into split folder(s) under `work`: (counts, report, probes)."""
   metadata = raw_reader.check_files(files, options)
@@ -204,11 +201,11 @@ def _build_group(config, options, files, *, work, name, split, meta, progress, r
   pieces_dir = os.path.join(work, f".pieces-{name}")
   label = config.grain_train_files if name == "train" else config.grain_eval_files
   if runner is None and split != "time":
-    return _local_build(
+    return local_runner.build(
       config, options, files, metadata, buckets=buckets, work=work, spill_dir=pieces_dir + "-spill",
       split=split, meta=meta, progress=progress, label=label,
     )  # fmt: skip
-  build_pieces = _local_pieces if runner is None else runner
+  build_pieces = local_runner.pieces if runner is None else runner
   pieces, report = build_pieces(
     config, options, files, metadata, buckets=buckets, pieces_dir=pieces_dir, progress=progress
   )
@@ -219,113 +216,6 @@ def _build_group(config, options, files, *, work, name, split, meta, progress, r
   counts = assemble.assemble(pieces, work, split, config.network_test_fraction, meta)
   shutil.rmtree(pieces_dir, ignore_errors=True)
   return counts, report, probes
-
-
-def _spill(config, options, files, metadata, *, buckets, folder, progress, on_chunk=None):
-  """Read and partition every file into a `shards.SpillWriter`: (spill, read report)."""
-  spill = shards.SpillWriter(folder, buckets)
-  report = raw_reader.ReadReport()
-  hashed, skip_bad = _hashed(config), config.network_skip_bad_rows
-  total = sum(m.num_rows for m in metadata)
-  with tqdm.tqdm(
-    total=total, desc="prepare: read", unit="row", unit_scale=True, disable=not progress
-  ) as bar:
-    try:
-      for entry, file_metadata in zip(files, metadata, strict=True):
-        parts = raw_reader.read_partitioned(
-          entry,
-          file_metadata,
-          options,
-          buckets=buckets,
-          hashed=hashed,
-          skip_bad=skip_bad,
-          report=report,
-          on_rows=bar.update,
-        )
-        for bucket, chunk in parts:
-          spill.add(bucket, chunk)
-          if on_chunk is not None:
-            on_chunk(chunk)
-        _pause_point("reading")
-    finally:
-      spill.close()
-  _pause_point("partitioned")
-  return spill, report
-
-
-def _local_build(config, options, files, metadata, *, buckets, work, spill_dir, split, meta,
-                 progress, label) -> tuple:  # fmt: skip
-  """The built-in runner for the probe split and eval files: each sorted bucket goes straight
-  into the splits, no piece written and read back. The splits' sizes, needed up front, are
-  counted while partitioning (a probe's split follows from its hash alone).
-
-  Returns (counts, read report, probes).
-  """
-  fraction = config.network_test_fraction
-  names = assemble.split_names(split)
-  totals = dict.fromkeys(names, 0)
-
-  def count(chunk: shards.Chunk) -> None:
-    if split == "probe":
-      held = assemble.held_out(chunk.hashes, fraction)
-      test = int(np.bincount(chunk.probe, minlength=len(chunk.keys))[held].sum())
-      totals["test"] += test
-      totals["train"] += len(chunk) - test
-    else:
-      totals[names[0]] += len(chunk)
-
-  spill, report = _spill(
-    config, options, files, metadata, buckets=buckets, folder=spill_dir, progress=progress,
-    on_chunk=count,
-  )  # fmt: skip
-  if not sum(totals.values()):
-    shutil.rmtree(spill_dir, ignore_errors=True)
-    raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
-  probes, paused = 0, False
-  with assemble.Assembler(work, split, fraction, meta, totals, _hashed(config)) as assembler:
-    for bucket in tqdm.tqdm(
-      range(buckets), desc="prepare: sort", unit="bucket", disable=not progress
-    ):
-      chunks = spill.read(bucket)
-      if chunks:
-        sorted_bucket = shards.order_bucket(chunks)
-        del chunks
-        assembler.add(sorted_bucket)
-        probes += sorted_bucket.num_probes
-        del sorted_bucket
-        if not paused:  # rows of the store written, the store not complete
-          paused = True
-          _pause_point("sorted")
-  shutil.rmtree(spill_dir, ignore_errors=True)
-  return assembler.finish(), report, probes
-
-
-def _local_pieces(config, options, files, metadata, *, buckets, pieces_dir, progress) -> tuple:
-  """The built-in runner for the time split: buckets spilled to local files, each sorted
-  into a piece (the time cutoff needs every row's time before any row can be placed).
-
-  Returns the piece folders in bucket order and the read report.
-  """
-  spill, report = _spill(
-    config, options, files, metadata, buckets=buckets, folder=pieces_dir + "-spill",
-    progress=progress,
-  )  # fmt: skip
-  pieces = []
-  for bucket in tqdm.tqdm(
-    range(buckets), desc="prepare: sort", unit="bucket", disable=not progress
-  ):
-    chunks = spill.read(bucket)
-    if chunks:
-      pieces.append(sort_and_write(bucket, chunks, pieces_dir))
-  shutil.rmtree(pieces_dir + "-spill", ignore_errors=True)
-  return pieces, report
-
-
-def sort_and_write(bucket: int, chunks: list, pieces_dir: str) -> str:
-  """Sort one bucket's chunks into the piece `<pieces_dir>/<bucket>`; its folder."""
-  path = os.path.join(pieces_dir, f"{bucket:05d}")
-  shards.write_piece(shards.sort_bucket(chunks), path, {})
-  return path
 
 
 def _build(config, options, train_files, eval_files, tmp, fp, progress, runner) -> dict:

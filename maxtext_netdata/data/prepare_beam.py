@@ -4,7 +4,7 @@
 
 read each file in batches and partition its rows by probe bucket (`raw_reader.read_partitioned`,
 `shards.partition`) → GroupByKey on the bucket → sort each bucket and write it as a piece
-(`prepare.sort_and_write`). The functions are the built-in runner's, so both build
+(`local_runner.sort_and_write`). The functions are the built-in runner's, so both build
 byte-identical stores; listing, the builder lock, assembling the pieces into the store and
 caching stay in `data.prepare`. Beam's DirectRunner runs it unless the options after `--`
 name another runner (`--runner=DataflowRunner --project ... --temp_location gs://...`).
@@ -22,7 +22,7 @@ import os
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from maxtext_netdata.data import prepare, raw_reader, shards
+from maxtext_netdata.data import local_runner, raw_reader, shards
 
 
 def runner(beam_args: list[str]):
@@ -86,4 +86,4 @@ def _read_and_partition(indexed, options, settings, reports_dir):
 def _sort_and_write(grouped, pieces_dir):
   bucket, chunk_bytes = grouped
   chunks = [shards.Chunk.from_bytes(data) for data in chunk_bytes]
-  return prepare.sort_and_write(int(bucket), chunks, pieces_dir)
+  return local_runner.sort_and_write(int(bucket), chunks, pieces_dir)

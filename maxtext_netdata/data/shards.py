@@ -1,16 +1,17 @@
-"""Bounded-memory prepare: rows partitioned by probe hash, each bucket sorted into a piece.
+"""Bounded-memory prepare: rows partitioned by probe hash, each bucket sorted.
 
-The three steps are plain functions, shared by the built-in runner (`data.prepare`, buckets
+The steps are plain functions, shared by the built-in runner (`data.local_runner`, buckets
 spilled to local files) and the Apache Beam runner (`data.prepare_beam`, buckets grouped by
 GroupByKey), so that both build byte-identical stores:
 
 1. `partition(columns, num_buckets, hashed)`: a validated batch → one `Chunk` per bucket it
    touches. A probe's bucket is a non-decreasing function of its hash, so every probe lives
    in exactly one bucket and buckets follow one another in hash order.
-2. `sort_bucket(chunks)`: a bucket's chunks → its rows grouped by probe (ordered by
-   (hash, version, address)), time-sorted within a probe, ties by content (`store.ProbeRows`
-   with `probe_hash`); `write_piece` saves it.
-3. `data.assemble.assemble(pieces, ...)`: the pieces in bucket order → the store's splits.
+2. `order_bucket(chunks)`: a bucket's chunks → its probes (ordered by (hash, version,
+   address)) and the permutation that groups its rows by probe, time-sorted within a probe,
+   ties by content (`SortedBucket`); `sort_bucket` applies it (`store.ProbeRows` with
+   `probe_hash`) and `write_piece` saves that as a piece.
+3. `data.assemble`: sorted buckets (or pieces) in bucket order → the store's splits.
 
 The probe hash is the first 8 bytes of `blake2b(version byte + 16 address bytes)`, read as a
 big-endian integer: the same number that decides the probe split (SPEC §3). The store's
@@ -398,88 +399,3 @@ def write_piece(rows: store.ProbeRows, path: str, meta: dict) -> dict:
   counts = rows.write(path, meta)
   np.save(os.path.join(path, PROBE_HASH_FILE), rows.probe_hash)
   return counts
-
-
-class SpillWriter:
-  """Chunks appended to one local file per bucket: the built-in runner's GroupByKey.
-
-  With one bucket the chunks stay in memory instead: the bucket is read back whole anyway,
-  and the memory budget that allowed one bucket counts its rows.
-  """
-
-  def __init__(self, folder: str, buckets: int):
-    os.makedirs(folder, exist_ok=True)
-    self.folder = folder
-    self.rows = [0] * buckets
-    self.files: dict[int, object] = {}
-    self.held: list[Chunk] | None = [] if buckets == 1 else None
-
-  def path(self, bucket: int) -> str:
-    return os.path.join(self.folder, f"bucket-{bucket:05d}.bin")
-
-  def add(self, bucket: int, chunk: Chunk) -> None:
-    self.rows[bucket] += len(chunk)
-    if self.held is not None:
-      self.held.append(chunk)
-      return
-    f = self.files.get(bucket)
-    if f is None:
-      f = self.files[bucket] = open(self.path(bucket), "wb")  # noqa: SIM115 (closed in close)
-    parts = chunk.parts()
-    f.write(sum(len(p) for p in parts).to_bytes(8, "little"))
-    f.writelines(parts)
-
-  def close(self) -> None:
-    for f in self.files.values():
-      f.close()
-
-  def read(self, bucket: int) -> list[Chunk]:
-    """The bucket's chunks; the file is removed once read (its rows now live in memory).
-
-    From a file, the records are read straight into one chunk's preallocated arrays (no
-    intermediate buffer, no copy into place afterwards).
-    """
-    if self.held is not None:
-      chunks, self.held = self.held, []
-      return chunks
-    if bucket not in self.files:
-      return []
-    with open(self.path(bucket), "rb") as f:
-      chunk = _read_records(f, self.rows[bucket])
-    os.remove(self.path(bucket))
-    return [chunk]
-
-
-def _read_records(f, rows: int) -> Chunk:
-  """The `Chunk.parts` records of file `f` (`rows` rows in all) as one chunk."""
-  columns, hashed = None, False
-  probe = np.empty(rows, np.int32)
-  keys, hashes = [], []
-  at, key_at = 0, 0
-
-  def read_into(array: np.ndarray) -> None:
-    view = memoryview(array).cast("B")
-    if f.readinto(view) != len(view):
-      raise OSError(f"{f.name}: spill file cut short")
-
-  while size := f.read(8):
-    head = np.frombuffer(f.read(24), np.int64)
-    n, k, hashed = int(head[0]), int(head[1]), bool(head[2])
-    if columns is None:
-      columns = {}
-      for name in _names(hashed):
-        dtype, tail = store.ROW_ARRAYS[name]
-        columns[name] = np.empty((rows, *tail), dtype=dtype)
-    key_part, hash_part = np.empty((k, 17), np.uint8), np.empty(k, np.uint64)
-    read_into(key_part)
-    read_into(hash_part)
-    keys.append(key_part)
-    hashes.append(hash_part)
-    read_into(probe[at : at + n])
-    probe[at : at + n] += key_at
-    for name in _names(hashed):
-      read_into(columns[name][at : at + n])
-    at, key_at = at + n, key_at + k
-    del size
-  assert at == rows, (f.name, at, rows)
-  return Chunk(np.concatenate(keys), np.concatenate(hashes), probe, columns)
