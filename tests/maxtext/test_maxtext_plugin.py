@@ -4,11 +4,15 @@ The training tests run `python -m maxtext_netdata.maxtext.train` (MaxText's own 
 subprocesses; the config tests call MaxText's `pyconfig` in-process.
 """
 
+import asyncio
 import json
 import math
 import os
+import signal
+import socket
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -303,3 +307,132 @@ def test_metric_path_never_waits_for_the_step_it_is_given(tmp_path, data_overrid
     if evaluation is not None:
       evaluation.close()
   assert ready_on_return == [False] * 3
+
+
+def _train_processes(out, run_name, num_processes, overrides, jax_cache) -> list[dict]:
+  """One MaxText run of `num_processes` processes on 127.0.0.1, 2 CPU devices in all (a global
+  batch of 8 either way); process 0's per-step metrics.
+
+  Several processes start `jax.distributed` the way MaxText does on CPUs
+  (`max_utils.initialize_jax_for_cpu`: `JAX_COORDINATOR_ADDRESS`, `JOB_INDEX`,
+  `JOB_COMPLETION_INDEX`, `PROCESSES_IN_JOB`, `JAX_PROCESS_COUNT`, coordinator port 1234).
+  A process left in a collective by a failed peer is killed with its session at the timeout.
+  """
+  metrics = os.path.join(out, f"{run_name}-{len(os.listdir(out))}")
+  common = [
+    sys.executable,
+    "-m",
+    "maxtext_netdata.maxtext.train",
+    SMOKE,
+    f"base_output_directory={out}",
+    f"run_name={run_name}",
+    f"jax_cache_dir={jax_cache}",
+    f"skip_jax_distributed_system={num_processes == 1}",
+    *TINY,
+    *overrides,
+  ]
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={2 // num_processes}",
+  )
+  if num_processes > 1:
+    with socket.socket() as probe:
+      if probe.connect_ex(("127.0.0.1", 1234)) == 0:
+        pytest.fail("port 1234, MaxText's CPU coordinator port, is taken by another program")
+    env.update(
+      JAX_COORDINATOR_ADDRESS="127.0.0.1",
+      JOB_INDEX="0",
+      PROCESSES_IN_JOB=str(num_processes),
+      JAX_PROCESS_COUNT=str(num_processes),
+    )
+  logs = [open(f"{metrics}-{i}.log", "w+", encoding="utf-8") for i in range(num_processes)]
+  procs = [
+    subprocess.Popen(
+      [*common, f"metrics_file={metrics}-{i}.jsonl"],
+      env=dict(env, JOB_COMPLETION_INDEX=str(i)),
+      stdout=subprocess.DEVNULL,
+      stderr=log,  # a file: a pipe nobody reads while waiting for another process fills up
+      start_new_session=True,
+    )
+    for i, log in enumerate(logs)
+  ]
+  try:
+    for proc in procs:
+      proc.wait(timeout=300)
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+  for proc, log in zip(procs, logs, strict=True):
+    log.seek(0)
+    err = log.read()
+    log.close()
+    assert proc.returncode == 0, err[-4000:]
+    assert "Training stopped" not in err, err[-4000:]
+  with open(f"{metrics}-0.jsonl", encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.slow
+def test_resume_from_maxtext_checkpoint_across_process_counts(tmp_path, data_overrides, jax_cache):
+  """MaxText's own checkpoints saved by 2 processes restore into 1, and 1 into 2 (Grain workers
+  on the 2-process side), through MaxText's restore: the same losses and data position as an
+  uninterrupted 1-process run. MaxText alone would refuse both (file count != process count)."""
+  common = [*data_overrides, "checkpoint_period=100", "learning_rate_schedule_steps=6"]
+  whole = _train_processes(
+    tmp_path, "whole", 1, [*common, "steps=6", "grain_worker_count=0"], jax_cache
+  )
+  cut = []
+  for processes, steps in ((2, 2), (1, 4), (2, 6)):
+    workers = 1 if processes == 2 else 0
+    overrides = [*common, f"steps={steps}", f"grain_worker_count={workers}"]
+    cut += _train_processes(tmp_path, "cut", processes, overrides, jax_cache)
+
+  assert [m["step"] for m in cut] == [m["step"] for m in whole] == [0, 1, 2, 3, 4, 5]
+  # Global figures; padding_fraction is process 0's rows only, so it follows the process count.
+  for key in ("learning/loss", "learning/total_weights"):
+    assert [m[key] for m in cut] == [m[key] for m in whole], key
+  iter_dir = tmp_path / "cut" / "checkpoints"
+  assert sorted(os.listdir(iter_dir / "1" / "iter"))[-2:] == [
+    "process_0-of-2.json",
+    "process_1-of-2.json",
+  ]
+  assert "process_0-of-1.json" in os.listdir(iter_dir / "3" / "iter")
+  assert _iter_state(tmp_path, "whole", 5) == json.loads(
+    (iter_dir / "5" / "iter" / "process_1-of-2.json").read_text()
+  )
+
+  # Per-process files that disagree are refused, naming the file, before anything is restored.
+  from etils import epath  # noqa: PLC0415
+  from maxtext.common import grain_utility  # noqa: PLC0415
+  from maxtext.input_pipeline import input_pipeline_interface  # noqa: PLC0415
+  from maxtext.utils import maxtext_utils  # noqa: PLC0415
+
+  # This pytest process has 1 CPU device: 8 rows per device keep the global batch of 8.
+  config = _maxtext_config(
+    *TINY, "per_device_batch_size=8", *common, "steps=6", "grain_worker_count=0"
+  )
+  train, _ = input_pipeline_interface.create_data_iterator(
+    config, maxtext_utils.get_mesh_from_config(config)
+  )
+  manager = types.SimpleNamespace(directory=epath.Path(iter_dir))
+  try:
+    # Restored in this 1-process run from the 2 processes' files of step 1.
+    checkpointable = grain_utility.for_restore(manager, 1, train, -1)
+    asyncio.run(_load(checkpointable, epath.Path(iter_dir / "1" / "iter")))
+    saved = json.loads((iter_dir / "1" / "iter" / "process_0-of-2.json").read_text())
+    assert json.loads(train.local_iterator.get_state()) == saved
+    assert saved["step"] == 2
+    moved = iter_dir / "5" / "iter" / "process_1-of-2.json"
+    moved.write_text(json.dumps({**json.loads(moved.read_text()), "step": 7}))
+    with pytest.raises(maxtext_plugin.MaxTextPluginError, match="process_1-of-2.json hold another"):
+      grain_utility.for_restore(manager, 5, train, -1)
+  finally:
+    train.close()
+
+
+async def _load(checkpointable, directory):
+  """MaxText's `GrainCheckpointable.load`: a coroutine that returns the reading coroutine."""
+  await (await checkpointable.load(directory))
