@@ -310,16 +310,9 @@ def order_bucket(chunks: list[Chunk]) -> SortedBucket:
     for name in columns:
       columns[name][at : at + m] = chunk.columns[name]
     at, key_at = at + m, key_at + len(chunk.keys)
-  # Probes by (hash, version, address); a probe seen in several chunks is one probe.
-  order = np.lexsort((*keys.T[::-1], hashes))
-  sorted_keys = keys[order]
-  new = np.ones(len(order), dtype=bool)
-  new[1:] = (sorted_keys[1:] != sorted_keys[:-1]).any(axis=1)
-  rank = np.empty(len(order), dtype=np.int32)
-  rank[order] = np.cumsum(new) - 1
+  rank, probe_keys, probe_hash = _probe_ranks(keys, hashes)
   probe = rank[entry]
   del entry
-  probe_keys = sorted_keys[new]
   perm = row_order(probe, columns)
   sizes = np.bincount(probe, minlength=len(probe_keys))
   del probe
@@ -329,10 +322,37 @@ def order_bucket(chunks: list[Chunk]) -> SortedBucket:
     probe_offsets=offsets,
     probe_src=np.ascontiguousarray(probe_keys[:, 1:]),
     probe_version=np.ascontiguousarray(probe_keys[:, 0]),
-    probe_hash=hashes[order][new],
+    probe_hash=probe_hash,
     columns=columns,
     perm=perm,
   )
+
+
+def _probe_ranks(keys: np.ndarray, hashes: np.ndarray) -> tuple:
+  """(rank int32 [K] of each chunk key's probe, probe keys [P, 17], probe hashes [P]).
+
+  Probes are ordered by (hash, version, address); a probe seen in several chunks (one key
+  per chunk and batch: ~400k keys for ~500 probes in a bucket of a 200M-row dump) is one
+  probe. The keys are first merged by hash in Arrow's hash table, so only the few distinct
+  probes are sorted; if two different keys share a hash, all keys are sorted instead.
+  """
+  encoded = pc.dictionary_encode(pa.array(hashes, pa.uint64()))
+  inverse = encoded.indices.to_numpy()
+  distinct = encoded.dictionary.to_numpy()
+  some_row = np.empty(len(distinct), dtype=np.int64)
+  some_row[inverse] = np.arange(len(keys))  # any key of a hash stands for it
+  if (keys == keys[some_row][inverse]).all():  # one key per hash
+    order = np.lexsort((*keys[some_row].T[::-1], distinct))
+    rank = np.empty(len(order), dtype=np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    return rank[inverse], keys[some_row][order], distinct[order]
+  order = np.lexsort((*keys.T[::-1], hashes))
+  sorted_keys = keys[order]
+  new = np.ones(len(order), dtype=bool)
+  new[1:] = (sorted_keys[1:] != sorted_keys[:-1]).any(axis=1)
+  rank = np.empty(len(order), dtype=np.int32)
+  rank[order] = np.cumsum(new) - 1
+  return rank, sorted_keys[new], hashes[order][new]
 
 
 def row_order(probe: np.ndarray, columns: dict) -> np.ndarray:

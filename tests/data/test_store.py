@@ -383,3 +383,20 @@ def test_rows_tied_on_probe_and_second_are_ordered_by_rtt_then_destination(hashe
     np.stack([np.asarray(k)[p] for k in keys]) for p in (perm, expected)
   ]  # equal rows may swap places: compare the rows, not the indices
   np.testing.assert_array_equal(rows[0], rows[1])
+
+
+def test_probes_with_colliding_hashes_stay_apart_ordered_by_key():
+  """Chunk keys are merged by hash first; two different keys with one hash (forced here) are
+  still two probes, ordered by (hash, version, address) like all others."""
+  rng = np.random.default_rng(5)
+  distinct = rng.integers(0, 256, (50, 17), dtype=np.uint8)
+  keys = distinct[rng.integers(0, 50, 2_000)]
+  for collide in (False, True):
+    hashes = shards.probe_hashes(keys)
+    if collide:
+      hashes[keys[:, 1] < 128] = hashes[0]
+    rank, probe_keys, probe_hash = shards._probe_ranks(keys, hashes)
+    expected = sorted({(int(h), *k.tolist()) for h, k in zip(hashes, keys, strict=True)})
+    assert [(int(h), *k.tolist()) for h, k in zip(probe_hash, probe_keys, strict=True)] == expected
+    np.testing.assert_array_equal(probe_keys[rank], keys)
+    assert len(probe_keys) == 50
