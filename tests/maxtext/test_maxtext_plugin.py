@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import types
 
 import numpy as np
@@ -438,3 +439,80 @@ def test_resume_from_maxtext_checkpoint_across_process_counts(tmp_path, data_ove
 async def _load(checkpointable, directory):
   """MaxText's `GrainCheckpointable.load`: a coroutine that returns the reading coroutine."""
   await (await checkpointable.load(directory))
+
+
+@pytest.mark.slow
+def test_sigterm_with_jax_distributed_saves_and_leaves_nothing(tmp_path, data_overrides, jax_cache):
+  """SIGTERM to MaxText's trainer with `jax.distributed` on (MaxText's CPU variables, one
+  process) and `enable_autocheckpoint`: it saves a checkpoint holding the next data position at
+  JAX's sync step and ends with status 0; no process of its session (2 Grain workers) and no
+  /dev/shm entry it used is left; a restart continues after that checkpoint."""
+  import process_helpers  # noqa: PLC0415
+
+  metrics = tmp_path / "metrics.jsonl"
+  argv = [
+    sys.executable,
+    "-m",
+    "maxtext_netdata.maxtext.train",
+    SMOKE,
+    f"base_output_directory={tmp_path}",
+    "run_name=term",
+    f"metrics_file={metrics}",
+    f"jax_cache_dir={jax_cache}",
+    *TINY,
+    *data_overrides,
+    "grain_worker_count=2",
+    "steps=500",
+    "checkpoint_period=1000",
+    "skip_jax_distributed_system=false",
+    "enable_autocheckpoint=true",
+  ]
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    JAX_COORDINATOR_ADDRESS="127.0.0.1",
+    JOB_INDEX="0",
+    JOB_COMPLETION_INDEX="0",
+    PROCESSES_IN_JOB="1",
+    JAX_PROCESS_COUNT="1",
+  )
+  shm = set(os.listdir("/dev/shm"))
+  with open(tmp_path / "log.txt", "w+", encoding="utf-8") as log:
+    proc = subprocess.Popen(
+      argv, env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
+    )
+    watch = process_helpers._ShmWatch(proc)
+    try:
+      while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None, "the run ended before its third step"
+        time.sleep(0.2)
+      os.kill(proc.pid, signal.SIGTERM)
+      code = proc.wait(timeout=120)
+    finally:
+      if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log.seek(0)
+    err = "".join(line for line in log if "Training stopped" in line or "Error" in line)
+  assert code == 0, err
+  assert "Training stopped: Job received termination signal (SIGTERM)" in err
+  deadline = time.monotonic() + 30
+  while process_helpers.session(proc.pid) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  assert process_helpers.session(proc.pid) == []
+  watch.join()
+  assert watch.seen and (set(os.listdir("/dev/shm")) - shm) & watch.seen == set()
+  saved = max(int(step) for step in os.listdir(tmp_path / "term" / "checkpoints"))
+  steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+  # MaxText writes a step's metrics when the next step is handed over: the last may be missing.
+  assert saved in (steps[-1], steps[-1] + 1)
+  assert _iter_state(tmp_path, "term", saved)["step"] == saved + 1
+
+  resumed_run, resumed = _train(
+    tmp_path,
+    "term",
+    [*data_overrides, f"steps={saved + 3}", "grain_worker_count=0", "checkpoint_period=1000"],
+    jax_cache,
+  )
+  assert f"restoring from this run's directory step {saved}" in resumed_run.stderr
+  assert [m["step"] for m in resumed] == [saved + 1, saved + 2]
