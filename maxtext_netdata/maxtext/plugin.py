@@ -33,7 +33,6 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.metadata
-import inspect
 import json
 import math
 import re
@@ -47,8 +46,9 @@ from pydantic import BeforeValidator, Field, create_model
 
 from maxtext_netdata import config as netdata_config
 from maxtext_netdata.errors import UserError
+from maxtext_netdata.maxtext import checkpoints
 
-NETWORK_GRAIN = "network_grain"
+NETWORK_GRAIN = checkpoints.NETWORK_GRAIN
 SUPPORTED_MAXTEXT = ">=0.2.5,<0.3"
 
 # MaxText keys with the same meaning in our Config, copied as they are.
@@ -338,92 +338,6 @@ def _make_create_data_iterator(interface, original, iterator_class):
   return create_data_iterator
 
 
-class _AsGrain:
-  """A read-only view of a MaxText config whose dataset_type reads "grain"."""
-
-  def __init__(self, config):
-    object.__setattr__(self, "_config", config)
-
-  def __getattr__(self, name: str):
-    if name == "dataset_type":
-      return "grain"
-    return getattr(self._config, name)
-
-
-def _make_save_checkpoint(original):
-  @functools.wraps(original)
-  def save_checkpoint(
-    checkpoint_manager, step, state, config=None, data_iterator=None, force=False
-  ):
-    if config is not None and getattr(config, "dataset_type", None) == NETWORK_GRAIN:
-      config = _AsGrain(config)
-    return original(checkpoint_manager, step, state, config, data_iterator, force)
-
-  return save_checkpoint
-
-
-def _make_load_state(original):
-  signature = inspect.signature(original)
-
-  @functools.wraps(original)
-  def load_state_if_possible(*args, **kwargs):
-    bound = signature.bind(*args, **kwargs)
-    if bound.arguments.get("dataset_type") == NETWORK_GRAIN:
-      bound.arguments["dataset_type"] = "grain"
-    return original(*bound.args, **bound.kwargs)
-
-  return load_state_if_possible
-
-
-_STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
-
-
-def _make_for_restore(grain_utility, original, iterator_class):
-  """`for_restore` that restores our iterator from a checkpoint written by any process count.
-
-  Every process of the saving run wrote `process_<i>-of-<n>.json` holding the same global
-  position. Each restoring process reads all n files (small JSON; every process reaches the
-  same verdict, so a bad checkpoint stops them all instead of leaving some in a collective),
-  checks that they are complete and agree, and has MaxText's `GrainCheckpointable` restore
-  from file `process_index mod n`. Other iterators keep MaxText's own restore.
-  """
-
-  @functools.wraps(original)
-  def for_restore(checkpoint_manager, step, data_iterator, expansion_factor_real_data):
-    if not isinstance(data_iterator, iterator_class):
-      return original(checkpoint_manager, step, data_iterator, expansion_factor_real_data)
-    import jax  # noqa: PLC0415
-
-    directory = checkpoint_manager.directory / str(step) / "iter"
-    files = {}
-    for path in directory.glob("process_*-of-*.json"):
-      match = _STATE_FILE.fullmatch(path.name)
-      if match:
-        files[int(match[1]), int(match[2])] = path
-    counts = {count for _, count in files}
-    if len(counts) != 1 or len(files) != next(iter(counts)):
-      raise MaxTextPluginError(
-        f"{directory}: the data position files {sorted(p.name for p in files.values())} are"
-        " not one complete set process_<i>-of-<n>.json; the checkpoint is incomplete"
-      )
-    (count,) = counts
-    positions = {key: json.loads(path.read_text()) for key, path in sorted(files.items())}
-    first = positions[0, count]
-    differ = [f"process_{i}-of-{n}.json" for (i, n), state in positions.items() if state != first]
-    if differ:
-      raise MaxTextPluginError(
-        f"{directory}: {', '.join(differ)} hold another data position than"
-        f" process_0-of-{count}.json ({first.get('step')!r}); the checkpoint is inconsistent"
-      )
-    return grain_utility.GrainCheckpointable(
-      data_iterator.local_iterator,
-      restore_process_index=jax.process_index() % count,
-      restore_process_count=count,
-    )
-
-  return for_restore
-
-
 def _make_buffer_and_write_metrics(original):
   @functools.wraps(original)
   def buffer_and_write_metrics(self, metrics, step, step_time_delta=None, is_training=True):
@@ -484,11 +398,13 @@ def install():
   interface.create_data_iterator = _make_create_data_iterator(
     interface, interface.create_data_iterator, iterator_class
   )
-  grain_utility.for_restore = _make_for_restore(
+  grain_utility.for_restore = checkpoints.make_for_restore(
     grain_utility, grain_utility.for_restore, iterator_class
   )
-  checkpointing.save_checkpoint = _make_save_checkpoint(checkpointing.save_checkpoint)
-  checkpointing.load_state_if_possible = _make_load_state(checkpointing.load_state_if_possible)
+  checkpointing.save_checkpoint = checkpoints.make_save_checkpoint(checkpointing.save_checkpoint)
+  checkpointing.load_state_if_possible = checkpoints.make_load_state(
+    checkpointing.load_state_if_possible
+  )
   logger = metric_logger.MetricLogger
   logger.buffer_and_write_metrics = _make_buffer_and_write_metrics(logger.buffer_and_write_metrics)
   _INSTALLED["config_class"] = config_class

@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
 
 from maxtext_netdata.config import ConfigError  # noqa: E402
+from maxtext_netdata.maxtext import checkpoints as maxtext_checkpoints  # noqa: E402
 from maxtext_netdata.maxtext import plugin as maxtext_plugin  # noqa: E402
 
 SMOKE = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "maxtext", "smoke.yml")
@@ -430,7 +431,9 @@ def test_resume_from_maxtext_checkpoint_across_process_counts(tmp_path, data_ove
     assert saved["step"] == 2
     moved = iter_dir / "5" / "iter" / "process_1-of-2.json"
     moved.write_text(json.dumps({**json.loads(moved.read_text()), "step": 7}))
-    with pytest.raises(maxtext_plugin.MaxTextPluginError, match="process_1-of-2.json hold another"):
+    with pytest.raises(
+      maxtext_checkpoints.CheckpointError, match="process_1-of-2.json hold another"
+    ):
       grain_utility.for_restore(manager, 5, train, -1)
   finally:
     train.close()
