@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -140,17 +141,12 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
       cfg, args.steps, out_dir / "synthetic", dataset_type="synthetic"
     )
 
-  _progress(f"loading {args.batches} batches alone, grain_worker_count={cfg.grain_worker_count}")
-  loading = measure_loading(cfg, device_mesh, args.batches)
-  sweep_results = []
-  for workers in sweep:
-    if workers == loading["workers"]:
-      sweep_results.append(loading)
-      continue
+  def load_alone(workers: int) -> dict:
     _progress(f"loading {args.batches} batches alone, grain_worker_count={workers}")
-    sweep_results.append(
-      measure_loading(cfg.replace(grain_worker_count=workers), device_mesh, args.batches)
-    )
+    return measure_loading(cfg.replace(grain_worker_count=workers), device_mesh, args.batches)
+
+  loading = load_alone(cfg.grain_worker_count)
+  sweep_results = sweep_workers(loading, sweep, load_alone)
 
   profile = None
   if args.steps > 0:
@@ -253,6 +249,15 @@ def measure_loading(cfg: Config, device_mesh, batches: int) -> dict:
   return bench_report.loading_summary(
     times, first_batch_s, elapsed, real_tokens, slot_tokens, cpu_seconds, workers
   )
+
+
+def sweep_workers(loading: dict, sweep: list[int], measure: Callable[[int], dict]) -> list[dict]:
+  """Loading alone with each swept worker count: `measure(workers)` for each one, except the
+  count `loading` (the configured run) already measured, which is reused rather than re-timed.
+
+  Shared by both benches so the MaxText sweep reads the same as the project's own.
+  """
+  return [loading if workers == loading["workers"] else measure(workers) for workers in sweep]
 
 
 def measure_stages(cfg: Config, device_mesh, batches: int) -> dict:

@@ -168,16 +168,12 @@ def measure_loadings(path, overrides, cfg, batches: int, sweep: list[int]):
   workers = getattr(cfg, "grain_worker_count", 0)
   _progress(f"MaxText's create_data_iterator alone: {batches} batches, {workers} workers")
   loading = measure_loading(cfg, batches)
-  results = []
-  for count in sweep:
-    if count == loading["workers"]:
-      results.append(loading)
-      continue
+
+  def load_alone(count: int) -> dict:
     _progress(f"MaxText's create_data_iterator alone: {batches} batches, {count} workers")
-    results.append(
-      measure_loading(load_config(path, [*overrides, f"grain_worker_count={count}"]), batches)
-    )
-  return loading, results
+    return measure_loading(load_config(path, [*overrides, f"grain_worker_count={count}"]), batches)
+
+  return loading, benchmark.sweep_workers(loading, sweep, load_alone)
 
 
 def measure_loading(cfg, batches: int) -> dict:
