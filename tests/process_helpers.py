@@ -1,11 +1,12 @@
 """Child runs in their own session, and what they leave behind: processes and /dev/shm entries.
 
-`start(argv)` runs a command in a new session with SIGINT's default disposition (a process
-started from a background job inherits SIGINT ignored, and Python then never raises
-KeyboardInterrupt) and samples the /dev/shm entries the session's processes open or map while
-it runs: other processes on the machine create and remove /dev/shm entries too, so a plain
-before/after count of the folder would blame them. `finish(proc, shm_before)` waits for it and
-asserts that no process of the session and no /dev/shm entry it used is left.
+`start(argv)` runs a command in a new session (`popen`, which the multi-process tests use too)
+with SIGINT's default disposition (a process started from a background job inherits SIGINT
+ignored, and Python then never raises KeyboardInterrupt) and samples the /dev/shm entries the
+session's processes open or map while it runs: other processes on the machine create and remove
+/dev/shm entries too, so a plain before/after count of the folder would blame them.
+`finish(proc, shm_before)` waits for it and asserts that no process of the session and no
+/dev/shm entry it used is left.
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ def start(argv: list[str], jax_cache: str) -> subprocess.Popen:
     JAX_COMPILATION_CACHE_DIR=jax_cache,
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
   )
-  proc = subprocess.Popen(
+  proc = popen(argv, env)
+  proc.shm_watch = _ShmWatch(proc)
+  return proc
+
+
+def popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+  """`argv` from the repository root with `env`, output captured as text, in a session of its
+  own (so `os.killpg(proc.pid, ...)` reaches every process it starts) with SIGINT's default
+  disposition."""
+  return subprocess.Popen(
     argv,
     cwd=REPO,
     env=env,
@@ -41,8 +51,6 @@ def start(argv: list[str], jax_cache: str) -> subprocess.Popen:
     start_new_session=True,
     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
   )
-  proc.shm_watch = _ShmWatch(proc)
-  return proc
 
 
 def session(sid: int) -> list[psutil.Process]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import portpicker
+import process_helpers
 import pytest
 
 from maxtext_netdata import config
@@ -48,17 +49,7 @@ def run_processes(
         JAX_PROCESS_ID=str(process_id),
         JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
       )
-    procs.append(
-      subprocess.Popen(
-        argv,
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-      )
-    )
+    procs.append(process_helpers.popen(argv, env))
   deadline = time.monotonic() + WORKER_TIMEOUT_S
   results = []
   try:
