@@ -1,7 +1,8 @@
-"""Prepared stores and raw parquet for the input-pipeline tests, written by the real writers."""
+"""Prepared stores and raw parquet for the input-pipeline and prepare tests, by the real writers."""
 
 from __future__ import annotations
 
+import glob
 import os
 import socket
 
@@ -9,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from maxtext_netdata import config
 from maxtext_netdata.data import store as store_lib
 from maxtext_netdata.format import tokenizer
 from maxtext_netdata.format import tokens as tk
@@ -166,3 +168,20 @@ def small_run_overrides(root) -> list[str]:
     "max_target_length=128",
     "global_batch_size_to_load=4",
   ]
+
+
+def store_config(prepared_dir, files: list[str], *overrides: str) -> config.Config:
+  """The default config with `files` as the raw data and stores prepared under `prepared_dir`."""
+  return config.load(
+    None,
+    [f"grain_train_files={','.join(files)}", f"network_prepared_dir={prepared_dir}", *overrides],
+  )
+
+
+def store_files(root: str) -> dict[str, bytes]:
+  """Every file of a store but the top summary (timings), by relative path."""
+  out = {}
+  for path in sorted(glob.glob(os.path.join(root, "*", "*"))):
+    with open(path, "rb") as f:
+      out[os.path.relpath(path, root)] = f.read()
+  return out

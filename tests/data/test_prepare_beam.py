@@ -1,9 +1,9 @@
 """prepare on Apache Beam's DirectRunner builds the built-in runner's store, byte for byte."""
 
-import glob
 import os
 
 import pytest
+from pipeline_helpers import store_config, store_files
 
 from maxtext_netdata import cli, config
 from maxtext_netdata.data import prepare, shards
@@ -21,31 +21,19 @@ def raw_files(tmp_path_factory):
   )
 
 
-def make_config(prepared_dir, files, *overrides):
-  return config.load(
-    None,
-    [f"grain_train_files={','.join(files)}", f"network_prepared_dir={prepared_dir}", *overrides],
-  )
-
-
-def store_files(root: str) -> dict[str, bytes]:
-  out = {}
-  for path in sorted(glob.glob(os.path.join(root, "*", "*"))):
-    with open(path, "rb") as f:
-      out[os.path.relpath(path, root)] = f.read()
-  return out
-
-
 @pytest.mark.parametrize("overrides", [(), ("network_split=time",)], ids=["probe", "time"])
 def test_beam_direct_runner_builds_the_builtin_store(tmp_path, raw_files, monkeypatch, overrides):
   monkeypatch.setattr(shards, "MAX_BUCKET_ROWS", 3_000)  # 7 buckets: a real GroupByKey
-  builtin = prepare.prepare(make_config(tmp_path / "a", raw_files, *overrides), progress=False)
+  builtin = prepare.prepare(store_config(tmp_path / "a", raw_files, *overrides), progress=False)
   on_beam = prepare.prepare(
-    make_config(tmp_path / "b", raw_files, *overrides),
+    store_config(tmp_path / "b", raw_files, *overrides),
     progress=False,
     runner=prepare_beam.runner(["--runner=DirectRunner", "--direct_num_workers=1"]),
   )
-  a, b = store_files(builtin.summary["path"]), store_files(on_beam.summary["path"])
+  a, b = (
+    store_files(builtin.summary["path"]),
+    store_files(on_beam.summary["path"]),
+  )
   assert a.keys() == b.keys() and "train/dst.npy" in a
   for name in a:
     assert a[name] == b[name], name

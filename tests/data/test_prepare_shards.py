@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from pipeline_helpers import store_config, store_files
 
 from maxtext_netdata import config
 from maxtext_netdata.data import assemble, prepare, shards, store
@@ -29,34 +30,21 @@ def raw_files(tmp_path_factory):
   )
 
 
-def make_config(prepared_dir, files, *overrides):
-  return config.load(
-    None,
-    [f"grain_train_files={','.join(files)}", f"network_prepared_dir={prepared_dir}", *overrides],
-  )
-
-
-def store_files(root: str) -> dict[str, bytes]:
-  """Every file of a store but the top summary (timings), by relative path."""
-  out = {}
-  for path in sorted(glob.glob(os.path.join(root, "*", "*"))):
-    with open(path, "rb") as f:
-      out[os.path.relpath(path, root)] = f.read()
-  return out
-
-
 @pytest.mark.parametrize(
   "overrides",
   [(), ("network_split=time", "network_test_fraction=0.3"), ("network_test_fraction=0",)],
   ids=["probe split", "time split", "no test split"],
 )
 def test_bucket_count_does_not_change_the_store(tmp_path, raw_files, monkeypatch, overrides):
-  one = prepare.prepare(make_config(tmp_path / "one", raw_files, *overrides), progress=False)
+  one = prepare.prepare(store_config(tmp_path / "one", raw_files, *overrides), progress=False)
   monkeypatch.setattr(shards, "MAX_BUCKET_ROWS", 2_000)  # 15 buckets instead of 1
   many = prepare.prepare(
-    make_config(tmp_path / "many", raw_files[::-1], *overrides), progress=False
+    store_config(tmp_path / "many", raw_files[::-1], *overrides), progress=False
   )
-  a, b = store_files(one.summary["path"]), store_files(many.summary["path"])
+  a, b = (
+    store_files(one.summary["path"]),
+    store_files(many.summary["path"]),
+  )
   assert a.keys() == b.keys() and "train/dst.npy" in a
   for name in a:
     assert a[name] == b[name], name
@@ -129,7 +117,7 @@ def _wait_stopped(process: subprocess.Popen, timeout: float = 60) -> None:
 def test_a_prepare_killed_at_any_stage_leaves_no_store_and_a_rerun_completes(
   tmp_path, raw_files, stage
 ):
-  cfg = make_config(tmp_path, raw_files)
+  cfg = store_config(tmp_path, raw_files)
   process = _prepare_process(tmp_path, raw_files, pause_at=stage)
   try:
     _wait_stopped(process)
@@ -144,7 +132,7 @@ def test_a_prepare_killed_at_any_stage_leaves_no_store_and_a_rerun_completes(
   splits = prepare.prepare(cfg, progress=False)  # cached=False: nothing was taken for a store
   assert not splits.cached and splits.train.num_rows + splits.eval.num_rows == 30_000
   assert sorted(os.listdir(tmp_path)) == [os.path.basename(splits.summary["path"])]
-  fresh = prepare.prepare(make_config(tmp_path / "fresh", raw_files), progress=False)
+  fresh = prepare.prepare(store_config(tmp_path / "fresh", raw_files), progress=False)
   assert store_files(splits.summary["path"]) == store_files(fresh.summary["path"])
 
 
@@ -181,7 +169,7 @@ def test_two_concurrent_prepares_end_with_one_valid_store(tmp_path, raw_files):
   assert "(cached)" in out_second and "(cached)" not in out_first
   entries = os.listdir(tmp_path)
   assert len(entries) == 1  # one store; no second build, temporary folder or lock left
-  splits = prepare.prepare(make_config(tmp_path, raw_files), progress=False)
+  splits = prepare.prepare(store_config(tmp_path, raw_files), progress=False)
   assert splits.cached and splits.train.num_rows + splits.eval.num_rows == 30_000
 
 
@@ -196,12 +184,12 @@ def test_two_spellings_of_a_source_address_are_one_probe(tmp_path, raw_files, mo
   path = str(tmp_path / "mixed.parquet")
   index = table.schema.get_field_index("src_addr")
   pq.write_table(table.set_column(index, "src_addr", mixed), path, row_group_size=4000)
-  one = prepare.prepare(make_config(tmp_path / "one", raw_files), progress=False)
+  one = prepare.prepare(store_config(tmp_path / "one", raw_files), progress=False)
   expected = {k: v for k, v in store_files(one.summary["path"]).items() if k.endswith(".npy")}
   for name in ("in memory", "spilled"):
     if name == "spilled":
       monkeypatch.setattr(shards, "MAX_BUCKET_ROWS", 5_000)
-    other = prepare.prepare(make_config(tmp_path / name, [path]), progress=False)
+    other = prepare.prepare(store_config(tmp_path / name, [path]), progress=False)
     got = {k: v for k, v in store_files(other.summary["path"]).items() if k.endswith(".npy")}
     assert got.keys() == expected.keys()
     for key in got:
