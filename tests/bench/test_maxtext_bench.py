@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from maxtext_helpers import SMOKE, TINY_MODEL
 
 pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
 
@@ -21,17 +22,6 @@ from maxtext_netdata.bench import text_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = str(ROOT / "configs" / "maxtext" / "bench_text.yml")
-SMOKE = str(ROOT / "configs" / "maxtext" / "smoke.yml")
-TINY = [
-  "base_num_decoder_layers=1",
-  "base_emb_dim=64",
-  "base_num_query_heads=4",
-  "base_num_kv_heads=4",
-  "head_dim=16",
-  "base_mlp_dim=128",
-  "max_target_length=128",
-  "per_device_batch_size=4",
-]
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +93,9 @@ def test_grain_parquet_sentencepiece_verdict_report_plot_and_profile(tmp_path, c
 @pytest.mark.slow
 def test_synthetic_data_is_never_the_bottleneck(tmp_path, jax_cache):
   report = _ok(
-    *_bench(tmp_path, TEXT, *TINY, "dataset_type=synthetic", jax_cache, "--steps=3", "--batches=5")
+    *_bench(
+      tmp_path, TEXT, *TINY_MODEL, "dataset_type=synthetic", jax_cache, "--steps=3", "--batches=5"
+    )
   )
   assert report["maxtext"]["dataset_type"] == "synthetic"
   assert report["loading"]["batch_s"] < report["target"]["step_time_s"]
@@ -115,7 +107,9 @@ def test_synthetic_data_is_never_the_bottleneck(tmp_path, jax_cache):
 
 @pytest.mark.slow
 def test_network_grain_through_the_plugin(tmp_path, network, jax_cache):
-  report = _ok(*_bench(tmp_path, SMOKE, *TINY, *network, jax_cache, "--steps=3", "--batches=10"))
+  report = _ok(
+    *_bench(tmp_path, SMOKE, *TINY_MODEL, *network, jax_cache, "--steps=3", "--batches=10")
+  )
   assert report["maxtext"]["dataset_type"] == "network_grain"
   assert report["loading"]["workers"] == 0
   assert report["loading"]["batch_s"] < report["target"]["step_time_s"]
@@ -148,7 +142,7 @@ def test_a_sleeping_loader_map_is_the_bottleneck_and_workers_are_the_knob(tmp_pa
 @pytest.mark.slow
 def test_reading_the_loss_each_step_is_forced_synchronization(tmp_path, network, jax_cache):
   # A bigger batch so the step (about 0.1 s here) hides the hook's logging without the read.
-  bigger = [*TINY, "per_device_batch_size=16", "max_target_length=256"]
+  bigger = [*TINY_MODEL, "per_device_batch_size=16", "max_target_length=256"]
   report = _ok(
     *_bench(
       tmp_path,

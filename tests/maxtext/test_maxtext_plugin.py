@@ -18,6 +18,7 @@ import types
 
 import numpy as np
 import pytest
+from maxtext_helpers import SMOKE, TINY_MODEL
 
 pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
 
@@ -25,19 +26,7 @@ from maxtext_netdata.config import ConfigError  # noqa: E402
 from maxtext_netdata.maxtext import checkpoints as maxtext_checkpoints  # noqa: E402
 from maxtext_netdata.maxtext import plugin as maxtext_plugin  # noqa: E402
 
-SMOKE = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "maxtext", "smoke.yml")
-TINY = [
-  "base_num_decoder_layers=1",
-  "base_emb_dim=64",
-  "base_num_query_heads=4",
-  "base_num_kv_heads=4",
-  "head_dim=16",
-  "base_mlp_dim=128",
-  "max_target_length=128",
-  "per_device_batch_size=4",
-  "log_period=1",
-  "async_checkpointing=false",
-]
+TINY = [*TINY_MODEL, "log_period=1", "async_checkpointing=false"]
 
 
 @pytest.fixture(scope="module")
@@ -55,21 +44,26 @@ def jax_cache(tmp_path_factory) -> str:
   return str(tmp_path_factory.mktemp("jax_cache"))
 
 
-def _train(out, run_name, overrides, jax_cache) -> tuple[subprocess.CompletedProcess, list[dict]]:
-  """One MaxText training run; its per-step metrics (MaxText's `metrics_file`)."""
-  metrics_file = os.path.join(out, f"{run_name}-{len(os.listdir(out))}.jsonl")
-  argv = [
+def _train_argv(out, run_name: str, jax_cache: str, *overrides: str) -> list[str]:
+  """MaxText's trainer through the plugin on the tiny smoke model, writing under `out`;
+  `overrides` come last, so they win over the tiny model's."""
+  return [
     sys.executable,
     "-m",
     "maxtext_netdata.maxtext.train",
     SMOKE,
     f"base_output_directory={out}",
     f"run_name={run_name}",
-    f"metrics_file={metrics_file}",
     f"jax_cache_dir={jax_cache}",
     *TINY,
     *overrides,
   ]
+
+
+def _train(out, run_name, overrides, jax_cache) -> tuple[subprocess.CompletedProcess, list[dict]]:
+  """One MaxText training run; its per-step metrics (MaxText's `metrics_file`)."""
+  metrics_file = os.path.join(out, f"{run_name}-{len(os.listdir(out))}.jsonl")
+  argv = _train_argv(out, run_name, jax_cache, f"metrics_file={metrics_file}", *overrides)
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=400)
   assert result.returncode == 0, result.stderr[-4000:]
@@ -240,23 +234,18 @@ def test_run_with_workers_and_several_evals_leaves_nothing(tmp_path, data_overri
   import process_helpers  # noqa: PLC0415
 
   metrics_file = tmp_path / "metrics.jsonl"
-  argv = [
-    sys.executable,
-    "-m",
-    "maxtext_netdata.maxtext.train",
-    SMOKE,
-    f"base_output_directory={tmp_path}",
-    "run_name=evals",
+  argv = _train_argv(
+    tmp_path,
+    "evals",
+    jax_cache,
     f"metrics_file={metrics_file}",
-    f"jax_cache_dir={jax_cache}",
-    *TINY,
     *data_overrides,
     "grain_worker_count=2",
     "steps=6",
     "eval_interval=2",
     "eval_steps=2",
     "enable_checkpointing=false",
-  ]
+  )
   shm = set(os.listdir("/dev/shm"))
   proc = process_helpers.start(argv, jax_cache)
   code, _, err = process_helpers.finish(proc, shm, timeout=400)
@@ -322,18 +311,9 @@ def _train_processes(out, run_name, num_processes, overrides, jax_cache) -> list
   A process left in a collective by a failed peer is killed with its session at the timeout.
   """
   metrics = os.path.join(out, f"{run_name}-{len(os.listdir(out))}")
-  common = [
-    sys.executable,
-    "-m",
-    "maxtext_netdata.maxtext.train",
-    SMOKE,
-    f"base_output_directory={out}",
-    f"run_name={run_name}",
-    f"jax_cache_dir={jax_cache}",
-    f"skip_jax_distributed_system={num_processes == 1}",
-    *TINY,
-    *overrides,
-  ]
+  common = _train_argv(
+    out, run_name, jax_cache, f"skip_jax_distributed_system={num_processes == 1}", *overrides
+  )
   env = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
@@ -453,23 +433,18 @@ def test_sigterm_with_jax_distributed_saves_and_leaves_nothing(tmp_path, data_ov
   import process_helpers  # noqa: PLC0415
 
   metrics = tmp_path / "metrics.jsonl"
-  argv = [
-    sys.executable,
-    "-m",
-    "maxtext_netdata.maxtext.train",
-    SMOKE,
-    f"base_output_directory={tmp_path}",
-    "run_name=term",
+  argv = _train_argv(
+    tmp_path,
+    "term",
+    jax_cache,
     f"metrics_file={metrics}",
-    f"jax_cache_dir={jax_cache}",
-    *TINY,
     *data_overrides,
     "grain_worker_count=2",
     "steps=500",
     "checkpoint_period=1000",
     "skip_jax_distributed_system=false",
     "enable_autocheckpoint=true",
-  ]
+  )
   env = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
