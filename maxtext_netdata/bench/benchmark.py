@@ -24,6 +24,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import psutil
+from tqdm import tqdm
 
 from maxtext_netdata import config
 from maxtext_netdata.bench import accelerators, render
@@ -233,7 +234,7 @@ def measure_loading(cfg: Config, device_mesh, batches: int) -> dict:
     cpu_before = _cpu_seconds()
     times, real_tokens, slot_tokens = [], 0, 0
     start = time.perf_counter()
-    for i in range(batches):
+    for i in tqdm(range(batches), desc="loading alone", unit="batch", leave=False, disable=None):
       t = time.perf_counter()
       batch = jax.block_until_ready(_next(train_iter, cfg, warmup + 1 + i))
       times.append(time.perf_counter() - t)
