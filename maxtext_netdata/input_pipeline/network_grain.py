@@ -31,6 +31,7 @@ import os
 import re
 import signal
 import sys
+import time
 
 import grain
 import numpy as np
@@ -47,6 +48,9 @@ from maxtext_netdata.input_pipeline.transforms import ShiftData
 _WORKER_BASE_MB = 160
 
 POSITION_FORMAT = "netdata-position-1"
+
+# Seconds a dead worker waits to be explained by an interrupt of this process (see __next__).
+_INTERRUPT_GRACE_S = 1.0
 
 # Grain 0.2.18's error when a worker process ends without handing over its result.
 _GRAIN_WORKER_DIED = re.compile(
@@ -279,6 +283,10 @@ class HostBatchIterator:
       cause = _worker_death(e)
       if cause is None:
         raise
+      # Ctrl-C reaches the workers too, and one may end on it before this process does: a
+      # moment lets this process's own KeyboardInterrupt arrive (and be reported as the
+      # interrupt, the caller closing the workers) before a dead worker is declared.
+      time.sleep(_INTERRUPT_GRACE_S)
       self.close()
       raise WorkerError(
         f"input pipeline: a Grain worker process ended ({cause}) before global step"
