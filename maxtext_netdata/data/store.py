@@ -100,21 +100,25 @@ class PreparedStore:
     return array
 
   def _load(self, name: str) -> np.ndarray:
-    file_path = os.path.join(self.path, f"{name}.npy")
-    try:
-      array = np.load(file_path, mmap_mode="r")
-    except (OSError, ValueError) as e:
-      raise DataError(f"{file_path}: unreadable ({e}); run prepare again") from None
     dtype, tail = {**PROBE_ARRAYS, **ROW_ARRAYS}[name]
     rows = (
       self.num_probes + 1
       if name == "probe_offsets"
       else (self.num_probes if name in PROBE_ARRAYS else self.num_rows)
     )
-    if array.dtype != dtype or array.shape != (rows, *tail):
+    return self._map(name, dtype, (rows, *tail))
+
+  def _map(self, name: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """`name`.npy memory-mapped, checked to hold `dtype` of `shape`."""
+    file_path = os.path.join(self.path, f"{name}.npy")
+    try:
+      array = np.load(file_path, mmap_mode="r")
+    except (OSError, ValueError) as e:
+      raise DataError(f"{file_path}: unreadable ({e}); run prepare again") from None
+    if array.dtype != dtype or array.shape != shape:
       raise DataError(
         f"{file_path}: {array.dtype}{list(array.shape)}, expected"
-        f" {np.dtype(dtype)}{[rows, *tail]}; run prepare again"
+        f" {np.dtype(dtype)}{list(shape)}; run prepare again"
       )
     return array
 
@@ -128,24 +132,11 @@ class PreparedStore:
     cached = self.__dict__.get("_probe_counts")
     if cached is None:
       if all(os.path.exists(os.path.join(self.path, f"{n}.npy")) for n in STATS_ARRAYS):
-        cached = tuple(self._load_stats(name) for name in STATS_ARRAYS)
+        cached = tuple(self._map(name, np.int64, (self.num_probes,)) for name in STATS_ARRAYS)
       else:
         cached = probe_counts(self)
       self.__dict__["_probe_counts"] = cached
     return cached
-
-  def _load_stats(self, name: str) -> np.ndarray:
-    file_path = os.path.join(self.path, f"{name}.npy")
-    try:
-      array = np.load(file_path, mmap_mode="r")
-    except (OSError, ValueError) as e:
-      raise DataError(f"{file_path}: unreadable ({e}); run prepare again") from None
-    if array.dtype != np.int64 or array.shape != (self.num_probes,):
-      raise DataError(
-        f"{file_path}: {array.dtype}{list(array.shape)}, expected int64[{self.num_probes}];"
-        " run prepare again"
-      )
-    return array
 
   def probe_rows(self, probe: int) -> slice:
     """Row slice of one probe."""
