@@ -31,7 +31,6 @@ import os
 import re
 import signal
 import sys
-import time
 
 import grain
 import numpy as np
@@ -48,9 +47,6 @@ from maxtext_netdata.input_pipeline.transforms import ShiftData
 _WORKER_BASE_MB = 160
 
 POSITION_FORMAT = "netdata-position-1"
-
-# Seconds a dead worker waits to be explained by an interrupt of this process (see __next__).
-_INTERRUPT_GRACE_S = 1.0
 
 # Grain 0.2.18's error when a worker process ends without handing over its result.
 _GRAIN_WORKER_DIED = re.compile(
@@ -170,9 +166,24 @@ def make_iterator(
     dataset = dataset.mp_prefetch(
       grain.MultiprocessingOptions(
         num_workers=workers, per_worker_buffer_size=config.grain_per_worker_buffer_size
-      )
+      ),
+      worker_init_fn=ignore_interrupt,
     )
   return iter(dataset.map(ShiftData()) if workers > 0 else dataset)
+
+
+def ignore_interrupt(worker_index: int, worker_count: int) -> None:
+  """Grain worker start-up: SIGINT ignored, so that Ctrl-C ends the main process only.
+
+  Ctrl-C in a terminal reaches the whole process group. A worker ended by it may die between
+  copying a batch into a /dev/shm block and queueing it (Grain catches `Exception`, not
+  `KeyboardInterrupt`), which leaves that block behind, and the main process would see a dead
+  worker instead of the interrupt. Ignoring it, the worker is ended the way Grain ends it: the
+  main process closes the iterator (our trainer and CLI in `finally`; otherwise Grain's exit
+  finalizer), the worker stops at its next batch and unlinks what it did not hand over.
+  """
+  del worker_index, worker_count
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class SynchronousIterator:
@@ -283,10 +294,6 @@ class HostBatchIterator:
       cause = _worker_death(e)
       if cause is None:
         raise
-      # Ctrl-C reaches the workers too, and one may end on it before this process does: a
-      # moment lets this process's own KeyboardInterrupt arrive (and be reported as the
-      # interrupt, the caller closing the workers) before a dead worker is declared.
-      time.sleep(_INTERRUPT_GRACE_S)
       self.close()
       raise WorkerError(
         f"input pipeline: a Grain worker process ended ({cause}) before global step"
