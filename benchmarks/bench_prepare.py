@@ -1,9 +1,11 @@
 """Benchmark of `prepare`, then of loading from its store.
 
     python benchmarks/bench_prepare.py [--rows 2000000] [--shards 8] [--data DIR] [--hashed]
-        [--keep DIR] [--load-steps 20] [--workers 2]
+        [--keep DIR] [--load-steps 20] [--workers 2] [--world-rows N]
 
-Generates `--rows` realistic raw rows (reused from `--data` when already there), prepares
+Generates `--rows` realistic raw rows (reused from `--data` when already there; with
+`--world-rows N`, drawn from the world of an N-row dump: as many distinct probes and
+addresses as N rows have, which is what makes a large dump slower per row), prepares
 them from scratch in a fresh child process, so that its peak RSS is prepare's own, and
 prints wall time, rows per CPU-second, peak RSS and store bytes per row. CPU seconds include
 pyarrow's decode threads: "rows per CPU-second" is the per-core rate. Then a second child
@@ -150,6 +152,9 @@ def main() -> int:
   parser.add_argument("--keep", help="prepare into this folder and keep the store")
   parser.add_argument("--load-steps", type=int, default=20, help="batches to load (0: none)")
   parser.add_argument("--workers", type=int, default=2, help="Grain workers while loading")
+  parser.add_argument(
+    "--world-rows", type=int, help="size the generated world as for this many rows"
+  )
   parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
   parser.add_argument("--load-child", nargs=2, help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -165,15 +170,17 @@ def main() -> int:
   with tempfile.TemporaryDirectory() as tmp:
     data_dir = args.data or os.path.join(tmp, "raw")
     marker = os.path.join(data_dir, generate.COMPLETE_MARKER)
-    wanted = {"rows": args.rows, "shards": args.shards, "seed": 0}
+    world_rows = args.world_rows or args.rows
+    wanted = {"rows": args.rows, "shards": args.shards, "seed": 0, "world_rows": world_rows}
     try:
       with open(marker, encoding="utf-8") as f:
-        found = {k: v for k, v in json.load(f).items() if k in wanted}
-    except (OSError, ValueError):
+        found = json.load(f)
+      found = {k: found.get(k, found["rows"] if k == "world_rows" else None) for k in wanted}
+    except (OSError, ValueError, KeyError):
       found = None
     if found != wanted:
       print(f"generating {args.rows:,} rows in {args.shards} files ...", file=sys.stderr)
-      generate.generate(data_dir, rows=args.rows, shards=args.shards, seed=0)
+      generate.generate(data_dir, rows=args.rows, shards=args.shards, seed=0, world_rows=world_rows)
     raw_bytes = sum(
       os.path.getsize(os.path.join(data_dir, n))
       for n in os.listdir(data_dir)
@@ -197,6 +204,8 @@ def main() -> int:
   rows = figures["rows"]
   grown = figures["peak_rss"] - figures["baseline_rss"]
   print(f"raw rows              {rows:,} in {args.shards} files, {raw_bytes / rows:.1f} bytes/row")
+  if world_rows != rows:
+    print(f"world                 as for {world_rows:,} rows (distinct probes and addresses)")
   print(f"probes                {figures['probes']:,}")
   print(
     f"wall time             {figures['seconds']:.2f} s ({rows / figures['seconds']:,.0f} rows/s)"

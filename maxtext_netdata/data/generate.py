@@ -315,6 +315,7 @@ def generate(
   seed: int = 0,
   progress: bool = True,
   fmt: str = "parquet",
+  world_rows: int | None = None,
 ) -> list[str]:
   """Write `rows` measurements as `shards` time-ordered files in `out_dir`.
 
@@ -326,6 +327,9 @@ def generate(
   time order. Memory stays bounded whatever the size: a file is written in time slices of
   at most PIECE_ROWS rows. The progress bar on stderr shows for runs of at least a million
   rows when `progress`.
+
+  `world_rows` sizes the world (probes, destinations, streams) as for that many rows, of which
+  `rows` are drawn: a small sample with a large dump's number of distinct addresses.
   """
   if shards < 1 or rows < shards:
     raise ValueError(f"need rows >= shards >= 1, got rows={rows}, shards={shards}")
@@ -335,7 +339,7 @@ def generate(
   clear_outputs(out_dir)
   marker = os.path.join(out_dir, COMPLETE_MARKER)
 
-  world = _World(rows, np.random.default_rng(seed))
+  world = _World(world_rows or rows, np.random.default_rng(seed))
   per_shard = -(-rows // (shards * PIECE_ROWS))  # time slices per file
   pieces = shards * per_shard
   paths, written, carried = [], 0, 0
@@ -384,6 +388,7 @@ def generate(
     "shards": shards,
     "seed": seed,
     "format": fmt,
+    "world_rows": world_rows or rows,
     "files": [os.path.basename(p) for p in paths],
   }
   with open(marker + ".tmp", "w", encoding="utf-8") as f:
