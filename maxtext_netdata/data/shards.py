@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxtext_netdata.data import lookup, schema, store
+from maxtext_netdata.data import ip_text, lookup, schema, store
 from maxtext_netdata.format import tokenizer
 
 # Rows of one bucket at most (the memory budget may ask for fewer): the sort's cost per row
@@ -68,6 +68,10 @@ class _KnownHashes:
     self.table = lookup.BytesTable((8,), np.uint8, limit=limit)
 
   def lookup(self, keys: np.ndarray) -> np.ndarray:
+    return self.entries(keys)[1]
+
+  def entries(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(entry int64 [K], hash uint64 [K]) of each key: equal keys have equal entries."""
     keys = np.ascontiguousarray(keys, dtype=np.uint8).reshape(-1, 17)
     offsets = np.arange(0, 17 * len(keys) + 1, 17, dtype=np.int64)
     entries, new = self.table.lookup(offsets, keys.reshape(-1))
@@ -76,7 +80,7 @@ class _KnownHashes:
         hashlib.blake2b(self.table.key(entry), digest_size=8).digest() for entry in new
       )
       self.table.values[new.start : new.stop] = np.frombuffer(digests, np.uint8).reshape(-1, 8)
-    return self.table.values[entries].view(">u8")[:, 0].astype(np.uint64)
+    return entries, self.table.values[entries].view(">u8")[:, 0].astype(np.uint64)
 
 
 _KNOWN = _KnownHashes()
@@ -145,6 +149,13 @@ def _names(hashed: bool) -> list[str]:
   return [name for name in store.ROW_ARRAYS if hashed or name != "hashed_order"]
 
 
+def _has_empty(strings: pa.Array) -> bool:
+  """Whether a string array holds an empty text (read from its offsets: Arrow's string
+  compare of every entry cost ~100 ns an entry)."""
+  offsets, _ = ip_text.string_buffers(strings)
+  return bool((offsets[1:] == offsets[:-1]).any())
+
+
 def _batch_probes(columns: schema.RawColumns) -> tuple[np.ndarray, np.ndarray]:
   """(probe of each row int32 [n], key of each probe uint8 [K, 17]) of a validated batch.
 
@@ -157,7 +168,7 @@ def _batch_probes(columns: schema.RawColumns) -> tuple[np.ndarray, np.ndarray]:
     and n
     and text.null_count == 0
     and text.dictionary.null_count == 0
-    and not pc.any(pc.equal(text.dictionary, "")).as_py()
+    and not _has_empty(text.dictionary)
   ):
     # The source's dictionary index is the probe: a non-empty address text has one family and
     # a valid row's version is that family, so (version, address) follows from the index.
@@ -184,10 +195,32 @@ def _batch_probes(columns: schema.RawColumns) -> tuple[np.ndarray, np.ndarray]:
   return probe, table.reshape(-1, 17)
 
 
+def _merged(probe, table, entry, hashes) -> tuple:
+  """(probe, table, hashes) with the keys of equal `entry` (the same bytes) made one.
+
+  A batch joins row groups whose dictionaries repeat the same sources, so its source
+  dictionary names a probe up to once per row group; one key per probe keeps the chunks'
+  probe tables (spilled, merged when a bucket is sorted) to the batch's distinct probes.
+  """
+  if len(entry) < 2:
+    return probe, table, hashes
+  mark = np.empty(int(entry.max()) + 1, np.int64)
+  mark[entry] = np.arange(len(entry))  # one key of each entry (whichever numpy writes last)
+  first = mark[entry]
+  keep = first == np.arange(len(entry))
+  if keep.all():
+    return probe, table, hashes
+  local = (np.cumsum(keep, dtype=np.int32) - 1)[first]
+  return local[probe], table[keep], hashes[keep]
+
+
 def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
   """(bucket, chunk) of each bucket that rows of this validated batch fall in."""
   probe, table = _batch_probes(columns)
-  hashes = probe_hashes(table)
+  if len(table):
+    probe, table, hashes = _merged(probe, table, *_KNOWN.entries(table))
+  else:
+    hashes = np.zeros(0, np.uint64)
   rtt_bytes, failed = tokenizer.rtt_bytes(columns.rtt)
   data = {
     "dst": columns.dst,
