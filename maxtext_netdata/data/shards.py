@@ -149,13 +149,6 @@ def _names(hashed: bool) -> list[str]:
   return [name for name in store.ROW_ARRAYS if hashed or name != "hashed_order"]
 
 
-def _has_empty(strings: pa.Array) -> bool:
-  """Whether a string array holds an empty text (read from its offsets: Arrow's string
-  compare of every entry cost ~100 ns an entry)."""
-  offsets, _ = ip_text.string_buffers(strings)
-  return bool((offsets[1:] == offsets[:-1]).any())
-
-
 def _batch_probes(columns: schema.RawColumns) -> tuple[np.ndarray, np.ndarray]:
   """(probe of each row int32 [n], key of each probe uint8 [K, 17]) of a validated batch.
 
@@ -163,26 +156,32 @@ def _batch_probes(columns: schema.RawColumns) -> tuple[np.ndarray, np.ndarray]:
   """
   n = len(columns)
   text = columns.src_text
-  if (
-    isinstance(text, pa.DictionaryArray)
-    and n
-    and text.null_count == 0
-    and text.dictionary.null_count == 0
-    and not _has_empty(text.dictionary)
-  ):
+  if isinstance(text, pa.DictionaryArray) and n:
     # The source's dictionary index is the probe: a non-empty address text has one family and
-    # a valid row's version is that family, so (version, address) follows from the index.
-    index = text.indices.to_numpy(zero_copy_only=False)
-    used = np.zeros(len(text.dictionary), dtype=bool)
-    used[index] = True
+    # a valid row's version is that family, so (version, address) follows from the index. An
+    # empty or null text is the zero address of the row's version: a code per version.
+    dictionary = text.dictionary
+    size = len(dictionary) + 1  # entry `len(dictionary)` stands for null rows
+    offsets, _ = ip_text.string_buffers(dictionary)
+    empty = np.ones(size, dtype=bool)
+    empty[:-1] = offsets[1:] == offsets[:-1]
+    if dictionary.null_count:
+      empty[:-1] |= dictionary.is_null().to_numpy(zero_copy_only=False)
+    index = text.indices
+    if index.null_count:
+      index = index.fill_null(size - 1)
+    index = index.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    code = index + size * (empty[index] & (columns.version == 6))
+    used = np.zeros(2 * size, dtype=bool)
+    used[code] = True
     remap = np.cumsum(used, dtype=np.int32) - 1
     row_of = np.empty(len(used), dtype=np.int64)
-    row_of[index] = np.arange(n)  # any row of an index gives its key
+    row_of[code] = np.arange(n)  # any row of a code gives its key
     rows = row_of[used]
     table = np.empty((len(rows), 17), dtype=np.uint8)
     table[:, 0] = columns.version[rows]
     table[:, 1:] = columns.src[rows]
-    return remap[index], table
+    return remap[code], table
   keys = np.empty((n, 17), dtype=np.uint8)
   keys[:, 0] = columns.version
   keys[:, 1:] = columns.src
