@@ -8,7 +8,9 @@ Generates `--rows` realistic raw rows (reused from `--data` when already there; 
 addresses as N rows have, which is what makes a large dump slower per row), prepares
 them from scratch in a fresh child process, so that its peak RSS is prepare's own, and
 prints wall time, rows per CPU-second, peak RSS and store bytes per row. CPU seconds include
-pyarrow's decode threads: "rows per CPU-second" is the per-core rate. Then a second child
+pyarrow's decode threads: "rows per CPU-second" is the per-core rate. Two more fresh processes
+time prepare's numba kernels: compiled into an empty cache (a machine's first prepare), then
+loaded from it (every later one). Then a second child
 loads `--load-steps` batches of `configs/latency_network.yml` from that store with
 `--workers` Grain workers and prints the first batch's time, real (non-padding) tokens per
 second and each worker's RSS, USS and anonymous memory (USS: pages no other process maps,
@@ -69,6 +71,29 @@ def _child(data_dir: str, prepared_dir: str, hashed: bool) -> None:
       }
     )
   )
+
+
+def _compile_child() -> None:
+  """Print the seconds this process takes to make prepare's numba kernels ready (JSON)."""
+  from maxtext_netdata.data import ip_text, lookup  # noqa: PLC0415
+
+  print(json.dumps({"seconds": ip_text.compile_seconds() + lookup.compile_seconds()}))
+
+
+def _compile_figures() -> tuple[float, float]:
+  """(seconds to compile prepare's numba kernels into an empty cache, seconds to load them
+  from the cache), each in a fresh process: the first prepare on a machine pays the first,
+  every later one the second."""
+  figures = []
+  with tempfile.TemporaryDirectory() as cache:
+    for _ in range(2):
+      env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+      result = subprocess.run(
+        [sys.executable, __file__, "--compile-child"],
+        check=True, capture_output=True, text=True, env=env,
+      )  # fmt: skip
+      figures.append(json.loads(result.stdout.strip().splitlines()[-1])["seconds"])
+  return figures[0], figures[1]
 
 
 def _anonymous_bytes(pid: int) -> int:
@@ -156,10 +181,14 @@ def main() -> int:
     "--world-rows", type=int, help="size the generated world as for this many rows"
   )
   parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+  parser.add_argument("--compile-child", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--load-child", nargs=2, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.child:
     _child(*args.child, args.hashed)
+    return 0
+  if args.compile_child:
+    _compile_child()
     return 0
   if args.load_child:
     _load_child(*args.load_child, args.load_steps, args.workers)
@@ -201,6 +230,7 @@ def main() -> int:
       )
       loading = json.loads(result.stdout.strip().splitlines()[-1])
 
+  compile_s, load_s = _compile_figures()
   rows = figures["rows"]
   grown = figures["peak_rss"] - figures["baseline_rss"]
   print(f"raw rows              {rows:,} in {args.shards} files, {raw_bytes / rows:.1f} bytes/row")
@@ -219,6 +249,10 @@ def main() -> int:
     f" ({grown / 2**20:,.0f} MiB above the imports: {grown / rows:.1f} bytes/row)"
   )
   print(f"store on disk         {figures['store_bytes'] / rows:.1f} bytes/row")
+  print(
+    f"numba kernels         compiled in {compile_s:.2f} s (first run on a machine),"
+    f" loaded from the cache in {load_s:.2f} s (every later run; inside the times above)"
+  )
   if loading:
     print(f"first batch           {loading['first_batch_s']:.2f} s (store opened, workers started)")
     print(
