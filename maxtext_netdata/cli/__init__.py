@@ -5,13 +5,15 @@ The top of the house: it may import every room, and no room imports it.
 Each subcommand lives in its own module, which offers `add_arguments(parser)` and
 `run(args) -> int`; modules are imported only when their subcommand runs, so `--help` and
 light commands start fast. Expected failures (bad data, bad config) print one line naming
-the cause and exit with status 2.
+the cause and exit with status 2. Ctrl-C exits with 130 and SIGTERM with 143, both after the
+command's own clean-up has run (worker processes closed, temporary files removed).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from maxtext_netdata.config import ConfigError
@@ -32,6 +34,22 @@ COMMANDS = {
   "bench": ("maxtext_netdata.bench.benchmark", "data-loading benchmark with a verdict"),
   "maxtext-train": ("maxtext_netdata.maxtext.train", "run MaxText's trainer with the plugin"),
 }
+
+
+class Terminated(KeyboardInterrupt):
+  """SIGTERM, raised in the main thread where Ctrl-C raises KeyboardInterrupt.
+
+  Slurm, Kubernetes and preemptible VMs stop a job with SIGTERM to its main process; its
+  default action ends that process at once, leaving its Grain workers and their /dev/shm blocks
+  behind. Raised like Ctrl-C's exception, it unwinds through the same `finally` clauses (a
+  subclass of KeyboardInterrupt, so no `except Exception` on the way swallows it). `train`
+  installs its own handler while it runs, which saves a checkpoint first.
+  """
+
+
+def _terminate(signum, frame) -> None:
+  del signum, frame
+  raise Terminated()
 
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
@@ -72,14 +90,29 @@ def main(argv: list[str] | None = None) -> int:
   # parse them; ours take every setting from the config, so the flags keep their defaults.
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
+  previous = _install(signal.SIGTERM, _terminate)
   try:
     return int(module.run(args) or 0)
   except (DataError, ConfigError, UserError) as e:
     print(f"maxtext-netdata {args.command}: error: {e}", file=sys.stderr)
     return 2
+  except Terminated:
+    print(f"maxtext-netdata {args.command}: terminated (SIGTERM)", file=sys.stderr)
+    return 128 + signal.SIGTERM
   except KeyboardInterrupt:
     print(f"maxtext-netdata {args.command}: interrupted", file=sys.stderr)
     return 130
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
+
+
+def _install(signum: int, handler):
+  """The handler `signum` had before, or None where this thread cannot own handlers."""
+  try:
+    return signal.signal(signum, handler)
+  except ValueError:  # not the main thread (a command run from a test's thread)
+    return None
 
 
 if __name__ == "__main__":
