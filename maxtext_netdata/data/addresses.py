@@ -57,21 +57,19 @@ def parse_addresses(
     encoded = pc.dictionary_encode(array)
   else:
     raise DataError(f"{source}: column {column_name!r} has type {array.type}, expected string")
-  indices = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+  indices = encoded.indices
+  indices = (indices.fill_null(-1) if indices.null_count else indices).to_numpy()
+  # Row -1 (null) maps to an extra all-zero, either-version entry: the array's last.
+  unique_bytes, unique_family = ip_text.parse(encoded.dictionary, spare=1)
   # A corrupted file can hold indices past its dictionary, which the parquet reader does not
-  # check; two reductions here cost far less than the gather they protect.
-  if len(indices) and (indices.min() < -1 or indices.max() >= len(encoded.dictionary)):
+  # check; the gather checks each index it reads.
+  rows = ip_text.gather_rows(indices, unique_bytes, unique_family, versions)
+  if rows is None:
     raise DataError(
       f"{source}: column {column_name!r} is corrupt: dictionary indices past its"
       f" {len(encoded.dictionary)} entries"
     )
-  # Row -1 (null) maps to an extra all-zero, either-version entry: the array's last.
-  unique_bytes, unique_family = ip_text.parse(encoded.dictionary, spare=1)
-  # Whole 16-byte rows as two words: numpy gathers 2-D uint8 rows byte by byte, far slower.
-  row_bytes = np.take(unique_bytes.view(np.uint64), indices, axis=0).view(np.uint8)
-  row_family = unique_family[indices]
-  bad = (row_family == 0) | ((row_family > 0) & (row_family != versions))
-  return row_bytes, bad
+  return rows
 
 
 def first_bad_message(

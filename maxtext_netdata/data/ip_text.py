@@ -271,3 +271,37 @@ def compile_seconds() -> float:
   started = time.perf_counter()
   parse(pa.array(["10.0.0.1", "2001:db8::1", "::ffff:1.2.3.4"]))
   return time.perf_counter() - started
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_rows(indices, parsed, family, versions, out, bad):
+  """out[i] = parsed[indices[i]] (index -1: the last entry); bad[i] where the family is invalid
+  or not versions[i]. Returns False, leaving the outputs partly written, if an index is
+  outside [-1, len(parsed) - 1)."""
+  entries = len(parsed) - 1  # the last entry is the spare that -1 selects
+  words = parsed.view(np.uint64).reshape(len(parsed), 2)
+  out_words = out.view(np.uint64).reshape(len(out), 2)
+  for i in range(len(indices)):
+    index = np.int64(indices[i])
+    if index < -1 or index >= entries:
+      return False
+    if index < 0:
+      index = entries
+    out_words[i, 0] = words[index, 0]
+    out_words[i, 1] = words[index, 1]
+    f = family[index]
+    bad[i] = (f == INVALID) | ((f > 0) & (f != versions[i]))
+  return True
+
+
+def gather_rows(indices: np.ndarray, parsed: np.ndarray, family: np.ndarray, versions):
+  """(bytes uint8 [N, 16], bad bool [N]) of rows whose dictionary entries are `indices`, from
+  `parse(dictionary, spare=1)`'s output; bad: unparsable, or not of the row's version. None
+  if an index is outside the dictionary (a corrupt file). One pass, no temporaries per row.
+  """
+  out = np.empty((len(indices), ADDRESS_BYTES), np.uint8)
+  bad = np.empty(len(indices), dtype=bool)
+  versions = np.ascontiguousarray(versions, dtype=np.int64)
+  if not _gather_rows(indices, np.ascontiguousarray(parsed), family, versions, out, bad):
+    return None
+  return out, bad

@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import os
 
+import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -149,6 +150,30 @@ def _names(hashed: bool) -> list[str]:
   return [name for name in store.ROW_ARRAYS if hashed or name != "hashed_order"]
 
 
+@numba.njit(cache=True, nogil=True)
+def _probe_codes(index, empty, version, probe):
+  """Number the rows' probes in order of first appearance into `probe`; the first row of each.
+
+  A row's probe is its source's dictionary entry `index`, and for an `empty` entry (the zero
+  address of either version) the entry and the row's version.
+  """
+  size = len(empty)
+  seen = np.full(2 * size, -1, np.int32)
+  first = np.empty(len(index), np.int64)
+  count = 0
+  for i in range(len(index)):
+    code = np.int64(index[i])
+    if empty[code] and version[i] == 6:
+      code += size
+    number = seen[code]
+    if number < 0:
+      number = seen[code] = count
+      first[count] = i
+      count += 1
+    probe[i] = number
+  return first[:count]
+
+
 def _batch_probes(columns: schema.RawColumns) -> tuple[np.ndarray, np.ndarray]:
   """(probe of each row int32 [n], key of each probe uint8 [K, 17]) of a validated batch.
 
@@ -170,18 +195,12 @@ def _batch_probes(columns: schema.RawColumns) -> tuple[np.ndarray, np.ndarray]:
     index = text.indices
     if index.null_count:
       index = index.fill_null(size - 1)
-    index = index.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    code = index + size * (empty[index] & (columns.version == 6))
-    used = np.zeros(2 * size, dtype=bool)
-    used[code] = True
-    remap = np.cumsum(used, dtype=np.int32) - 1
-    row_of = np.empty(len(used), dtype=np.int64)
-    row_of[code] = np.arange(n)  # any row of a code gives its key
-    rows = row_of[used]
+    probe = np.empty(n, dtype=np.int32)
+    rows = _probe_codes(index.to_numpy(), empty, columns.version, probe)
     table = np.empty((len(rows), 17), dtype=np.uint8)
     table[:, 0] = columns.version[rows]
     table[:, 1:] = columns.src[rows]
-    return remap[code], table
+    return probe, table
   keys = np.empty((n, 17), dtype=np.uint8)
   keys[:, 0] = columns.version
   keys[:, 1:] = columns.src
