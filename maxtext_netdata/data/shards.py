@@ -40,8 +40,9 @@ MAX_BUCKET_ROWS = 1 << 21
 # probe rank (4), the permutation (8) and the largest gathered column (16), with headroom
 # for buckets that the hash fills unevenly.
 SORT_BYTES_PER_ROW = 100
-# Memory that does not depend on the bucket size: imports and the reader's batches.
-FIXED_BYTES = 320 << 20
+# Memory that does not depend on the bucket size: imports (numba's compiler ~90 MiB of it,
+# loaded for the address parser and the probe table) and the reader's batches.
+FIXED_BYTES = 416 << 20
 PROBE_HASH_FILE = "probe_hash.npy"
 
 
