@@ -3,7 +3,8 @@
 Inputs are JSON lines (the daily dumps, the results API's text format) or a JSON array (the
 API's default), plain or `.bz2` / `.gz` / `.zst`, local or `gs://` / `s3://`; they are
 listed and opened through `data.remote`, like `prepare`'s. The mapping from results to rows
-is `data.ripe_json`'s (docs/data_format.md).
+is `data.ripe_json`'s (docs/data_format.md); `data.ripe_scan`'s compiled scanner reads the
+lines it can map with certainty and hands the rest to it.
 
 Memory is bounded by the block and run sizes, not by the input: blocks of `block_bytes` are
 mapped as they are read; rows gather into runs of at most `run_rows`, each sorted by time and
@@ -39,7 +40,7 @@ import pyarrow.parquet as pq
 import tqdm
 
 from maxtext_netdata.config import load as load_config
-from maxtext_netdata.data import remote, ripe_json
+from maxtext_netdata.data import remote, ripe_json, ripe_scan
 from maxtext_netdata.data.generate import (
   COMPLETE_MARKER,
   FILE_PATTERN,
@@ -272,7 +273,7 @@ def _mapped_blocks(entries, options, block_bytes, bar, counts, skip_bad, readers
 
   def mapped(block, uri):
     block_counts = ripe_json.Counts()
-    return ripe_json.rows_of_block(block, uri, block_counts, skip_bad), block_counts
+    return ripe_scan.rows_of_block(block, uri, block_counts, skip_bad), block_counts
 
   def done(future) -> pa.Table:
     table, block_counts = future.result()

@@ -1,0 +1,241 @@
+"""Strict JSON pieces for compiled scanners (numba): each reads one token at a byte offset.
+
+Each function takes the bytes as a uint8 array `buf`, a position `i` and the end `n`, and
+returns the position after what it read, or -1 where the text is not what it reads. They
+accept a strict subset of RFC 8259 that every JSON reader the project uses (DuckDB's,
+pyarrow's, Python's `json`) accepts alike: ASCII text only; no raw control character, NUL
+or surrogate `\\u` escape in a string; no trailing comma, comment, NaN or leading zero; a
+raw newline (byte 10) is never read, so a scanner of JSON lines stops at the line's end.
+Our own code because no kept JSON library exposes a tokenizer numba can call.
+
+numba's cache of a kernel that calls these (`ripe_scan`) is keyed on the kernel's own file:
+after editing this one, touch that one so the kernel is compiled again.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+MAX_DEPTH = 64  # nesting `skip` follows; deeper values are refused
+
+# Bytes in a string: 0 plain, 1 the closing quote, 2 an escape, 3 one the scanner refuses
+# (a raw control character, which JSON forbids, or non-ASCII, left to the reference).
+_STRING_CLASS = np.zeros(256, np.uint8)
+_STRING_CLASS[:32] = _STRING_CLASS[128:] = 3
+_STRING_CLASS[34], _STRING_CLASS[92] = 1, 2
+_TRUE, _FALSE, NULL = (np.frombuffer(w, np.uint8) for w in (b"true", b"false", b"null"))
+
+# The helpers are compiled without numba's reference counting (`_nrt=False`): they allocate
+# nothing, and with it every call passing the block (inlined or not) counted references to it
+# with two atomic calls, which took 3/4 of the scan's time (1.6M lines/s per core without).
+helper = numba.njit(_nrt=False)
+inline = numba.njit(inline="always", _nrt=False)
+
+
+@inline
+def space(buf, i, n):
+  while i < n and (buf[i] == 32 or buf[i] == 9 or buf[i] == 13):
+    i += 1
+  return i
+
+
+@inline
+def _hex(c):
+  return (48 <= c <= 57) or (65 <= c <= 70) or (97 <= c <= 102)
+
+
+@inline
+def string(buf, i, n):
+  """(end after the closing quote, or -1 if not a string the scanner takes; has an escape)."""
+  i += 1
+  escaped = False
+  while i < n:
+    c = _STRING_CLASS[buf[i]]
+    if c == 0:
+      i += 1
+    elif c == 1:
+      return i + 1, escaped
+    elif c == 2:
+      escaped = True
+      i = _escape(buf, i, n)
+      if i < 0:
+        return -1, escaped
+    else:
+      return -1, escaped
+  return -1, escaped
+
+
+@helper
+def _escape(buf, i, n):
+  """End of the escape at `i` (a backslash), or -1 for a bad one, a surrogate or NUL."""
+  if i + 1 >= n:
+    return -1
+  d = buf[i + 1]
+  if d == 117:  # \uXXXX
+    if i + 6 > n:
+      return -1
+    v = 0
+    for j in range(i + 2, i + 6):
+      h = buf[j]
+      if not _hex(h):
+        return -1
+      v = v * 16 + (h - 48 if h <= 57 else (h | 32) - 87)
+    if v == 0 or 0xD800 <= v <= 0xDFFF:
+      return -1
+    return i + 6
+  if d == 34 or d == 92 or d == 47 or d == 98 or d == 102 or d == 110 or d == 114 or d == 116:
+    return i + 2
+  return -1
+
+
+@inline
+def number(buf, i, n):
+  """(end of a JSON number at `i`, or -1; whether it is an integer; exponent digits)."""
+  if i < n and buf[i] == 45:
+    i += 1
+  if i >= n:
+    return -1, False, 0
+  if buf[i] == 48:
+    i += 1
+  elif 49 <= buf[i] <= 57:
+    while i < n and 48 <= buf[i] <= 57:
+      i += 1
+  else:
+    return -1, False, 0
+  integer, exponent = True, 0
+  if i < n and buf[i] == 46:
+    i += 1
+    integer = False
+    if i >= n or not 48 <= buf[i] <= 57:
+      return -1, False, 0
+    while i < n and 48 <= buf[i] <= 57:
+      i += 1
+  if i < n and (buf[i] == 101 or buf[i] == 69):
+    i += 1
+    integer = False
+    if i < n and (buf[i] == 43 or buf[i] == 45):
+      i += 1
+    start = i
+    while i < n and 48 <= buf[i] <= 57:
+      i += 1
+    exponent = i - start
+    if exponent == 0:
+      return -1, False, 0
+  return i, integer, exponent
+
+
+@inline
+def literal(buf, i, n, word):
+  if i + len(word) > n:
+    return -1
+  for j in range(len(word)):
+    if buf[i + j] != word[j]:
+      return -1
+  return i + len(word)
+
+
+@inline
+def scalar(buf, i, n):
+  """End of a string, number or literal at `i`, or -1."""
+  c = buf[i]
+  if c == 34:
+    return string(buf, i, n)[0]
+  if c == 45 or 48 <= c <= 57:
+    return number(buf, i, n)[0]
+  if c == 116:
+    return literal(buf, i, n, _TRUE)
+  if c == 102:
+    return literal(buf, i, n, _FALSE)
+  if c == 110:
+    return literal(buf, i, n, NULL)
+  return -1
+
+
+@inline
+def key(buf, i, n):
+  """(end after `"key":` and the space after it, or -1; key start; key length)."""
+  if i >= n or buf[i] != 34:
+    return -1, 0, 0
+  end, escaped = string(buf, i, n)
+  if end < 0 or escaped:
+    return -1, 0, 0
+  j = space(buf, end, n)
+  if j >= n or buf[j] != 58:
+    return -1, 0, 0
+  j = space(buf, j + 1, n)
+  return (j if j < n else -1), i + 1, end - i - 2
+
+
+@helper
+def skip(buf, i, n, stack):
+  """End of any JSON value at `i` (objects and arrays walked with `stack`), or -1."""
+  depth = 0
+  while True:
+    if i >= n:
+      return -1
+    c = buf[i]
+    if c == 123 or c == 91:
+      j = space(buf, i + 1, n)
+      if j < n and buf[j] == c + 2:  # {} or []
+        i = j + 1
+      else:
+        if depth == MAX_DEPTH:
+          return -1
+        stack[depth] = c
+        depth += 1
+        if c == 123:
+          j = key(buf, j, n)[0]
+          if j < 0:
+            return -1
+        i = j
+        continue
+    else:
+      i = scalar(buf, i, n)
+      if i < 0:
+        return -1
+    while True:  # after a value: a comma, or the close of the open object or array
+      if depth == 0:
+        return i
+      i = space(buf, i, n)
+      if i >= n:
+        return -1
+      c = buf[i]
+      if c == 44:
+        i = space(buf, i + 1, n)
+        if stack[depth - 1] == 123:
+          i = key(buf, i, n)[0]
+          if i < 0:
+            return -1
+        break
+      if c == stack[depth - 1] + 2:
+        depth -= 1
+        i += 1
+      else:
+        return -1
+
+
+@inline
+def value(buf, i, n, stack):
+  """`skip`, with scalars read inline: a call passing arrays costs more than a short value."""
+  c = buf[i]
+  if c == 123 or c == 91:
+    return skip(buf, i, n, stack)
+  return scalar(buf, i, n)
+
+
+@inline
+def integer(buf, i, n):
+  """(end, value) of a JSON integer of at most 18 digits at `i`; end -1 if it is not one."""
+  end, integer, _ = number(buf, i, n)
+  if end < 0 or not integer:
+    return -1, 0
+  j, sign = i, 1
+  if buf[j] == 45:
+    j, sign = j + 1, -1
+  if end - j > 18:
+    return -1, 0
+  value = 0
+  for k in range(j, end):
+    value = value * 10 + (buf[k] - 48)
+  return end, sign * value
