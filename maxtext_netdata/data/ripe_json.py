@@ -304,9 +304,6 @@ def rows_of_block(block: Block, path: str, counts: Counts, skip_bad: bool) -> pa
         raise duckdb.InvalidInputException("a line is not one JSON object")
   except duckdb.Error:
     results, lines, bad_lines = _by_halves(data, first_only=not skip_bad)
-  if bad_lines and not skip_bad:
-    line, reason = bad_lines[0]
-    raise BadLine(path, unit, first_line + line, reason)
   counts.bad_lines += len(bad_lines)
   tables, done = [], 0
   for batch in results.to_batches():
@@ -314,11 +311,16 @@ def rows_of_block(block: Block, path: str, counts: Counts, skip_bad: bool) -> pa
     if len(bad):
       if lines is None:
         lines = _row_lines(data)
-      if not skip_bad:
-        raise BadLine(path, unit, first_line + lines[done + bad[0]], _problem(batch, bad[0]))
+      if not skip_bad:  # an unusable result before the first line that is not one
+        line = lines[done + bad[0]]
+        if not bad_lines or line < bad_lines[0][0]:
+          raise BadLine(path, unit, first_line + line, _problem(batch, bad[0]))
       counts.bad_lines += len(bad)
     done += batch.num_rows
     tables.append(table)
+  if bad_lines and not skip_bad:
+    line, reason = bad_lines[0]
+    raise BadLine(path, unit, first_line + line, reason)
   table = pa.concat_tables(tables) if tables else ROW_SCHEMA.empty_table()
   counts.rows += table.num_rows
   return table

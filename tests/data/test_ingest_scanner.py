@@ -1,0 +1,252 @@
+"""The compiled scanner (data.ripe_scan) against the reference path (DuckDB's reader, Arrow).
+
+Every line the scanner maps itself must give what the reference gives for it (rows, values,
+order, counts); every other line must be handed over. Lines of every real shape are mutated
+in the ways real and hostile input differs: keys in any order, nested values before and
+after the needed keys, escapes and unicode in needed and other strings, whitespace, numbers
+in every JSON form, broken and truncated lines.
+"""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from maxtext_netdata.data import ripe_json, ripe_scan
+from maxtext_netdata.data.generate import generate
+
+T0 = 1_751_328_000
+
+
+class Raw(str):
+  """JSON text written as it is (an escape, a number's form), not encoded again."""
+
+
+def _encode(value, separators) -> str:
+  comma, colon = separators
+  if isinstance(value, Raw):
+    return value
+  if isinstance(value, dict):
+    items = (f"{json.dumps(k)}{colon}{_encode(v, separators)}" for k, v in value.items())
+    return "{" + comma.join(items) + "}"
+  if isinstance(value, list):
+    return "[" + comma.join(_encode(v, separators) for v in value) + "]"
+  return json.dumps(value, ensure_ascii=False)
+
+
+BASE = [
+  {
+    "fw": 5080,
+    "type": "ping",
+    "af": 4,
+    "msm_id": 1001,
+    "prb_id": 7,
+    "timestamp": T0 + 10,
+    "dst_addr": "193.0.14.129",
+    "src_addr": "192.168.1.10",
+    "from": "77.1.2.3",
+    "result": [{"rtt": 12.5}, {"x": "*"}, {"error": "unreachable"}, {"rtt": 12.6, "dup": 1}],
+  },
+  {
+    "type": "ping",
+    "af": 6,
+    "msm_id": 2001,
+    "timestamp": T0 + 5,
+    "dst_addr": "2001:db8::1",
+    "src_addr": "2a00:1::5",
+    "result": [{"srcaddr": "2a00:1::5", "rtt": 40.0, "ttl": 54}, {"x": "*"}],
+  },
+  {"msm_id": 1002, "prb_id": 9, "timestamp": T0 + 7, "addr": "8.8.8.8", "result": [{"rtt": 20}]},
+  {"msm_id": 1003, "timestamp": T0, "addr": "1.1.1.1", "from": "80.1.1.1", "avg": "58.042"},
+  {"type": "traceroute", "msm_id": 5001, "timestamp": T0, "result": [{"hop": 1, "result": []}]},
+  {"type": "dns", "msm_id": 6001, "timestamp": T0, "result": {"rt": 5.1, "size": 40}},
+  {"type": "ping", "msm_id": 3, "timestamp": T0, "af": 5, "result": []},
+  {"type": "ping", "msm_id": 3, "result": [{"rtt": 1}], "af": 4},
+]
+NESTED = [{"a": [1, {"b": [[], {}, None]}], "c": "x"}, [[["deep"]]], {"k": {"k": {"k": True}}}]
+RTT_TEXTS = [Raw(t) for t in ("1.234", "12", "1e-3", "1E+2", "-0", "0.0", "-1", "5e22")]
+RTT_TEXTS += [Raw("123.456789012345678"), Raw("1.5e100"), "1.5", None]
+VALUES = {
+  "from": [Raw('"77.1.2.\\u0034"'), "é", "", None, 12, "1.2.3.4"],
+  "dst_addr": ["", None, "::1", Raw('"1.2.3.\\\\4"'), "2001:db8::é", Raw('"::\\/1"')],
+  "af": [4, 6, None, "4", Raw("4.0"), 5, True, Raw("4e0")],
+  "msm_id": [7, -7, "7", 7.5, 12345678901234567890, None],
+  "timestamp": [T0, "1751328000", 1.7e9, None],
+  "prb_id": [None, 0, "9"],
+  "type": ["ping", "Ping", Raw('"p\\u0069ng"'), None, 1, "http"],
+  "avg": [1.5, "1.5", "x", None],
+  "rcvd": [1, "1", 1.5],
+}
+BROKEN = [
+  "",
+  "   ",
+  "\t\r",
+  "\x0b",
+  "{}",
+  "[]",
+  "null",
+  "not json",
+  '{"type": "ping",}',
+  '{"type": "ping"} {"type": "ping"}',
+  '{"msm_id": 01, "timestamp": 1, "af": 4, "result": []}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [], "x": NaN}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [], "x": [1, 2,]}',
+  '{"msm_id": 1, "msm_id": 2, "timestamp": 1, "af": 4, "result": []}',
+  '{"m\\u0073m_id": 1, "timestamp": 1, "af": 4, "result": []}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [{"rtt": 1, "rtt": 2}]}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [{"rtt": 1}, 1]}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [{"rtt": 1}, null]}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [{"rtt": "1.5"}, {"dup": true}]}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [{"rtt": null}, {"dup": null}, {"dup": 0}]}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [{"rtt": 1e400}]}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [], "x": "\\ud800"}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [], "x": "a\x01b"}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [], "x": "\\u0000"}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [], "x": "\\q"}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [], "x": ' + "[" * 70 + "]" * 70 + "}",
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [], "x": ' + "[" * 60 + "]" * 60 + "}",
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [], "x": tru}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [], "x": -}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [], "x": 1.}',
+  '{"msm_id": 1, "timestamp": 1, "af": 4, "result": [], "x": .5}',
+  '{"msm_id":1,"timestamp":1,"af":4,"result":[{"rtt":1}]}\r',
+  '\t{ "msm_id" :1 ,\t"timestamp": 1, "af" : 4 , "result" : [ { "rtt" : 2.5 } , { } ] } ',
+]
+
+
+def _mutated(rng: random.Random, result: dict) -> str:
+  """`result` as one JSON line, changed in the ways real and hostile input is."""
+  result = dict(result)
+  for key, values in VALUES.items():
+    if rng.random() < 0.15:
+      result[key] = rng.choice(values)
+  if isinstance(result.get("result"), list) and rng.random() < 0.5:
+    result["result"] = [
+      dict(p, rtt=rng.choice(RTT_TEXTS)) if "rtt" in p and rng.random() < 0.5 else p
+      for p in result["result"]
+    ]
+  items = list(result.items())
+  rng.shuffle(items)
+  for _ in range(rng.randrange(3)):  # nested values anywhere among the needed keys
+    items.insert(rng.randrange(len(items) + 1), (f"extra{rng.randrange(99)}", rng.choice(NESTED)))
+  if rng.random() < 0.1:
+    name = rng.choice([Raw('"a \\" \\u00e9 \\n \\\\"'), "é"])
+    items.insert(rng.randrange(len(items) + 1), ("msm_name", name))
+  separators = rng.choice([(",", ":"), (", ", ": "), (" ,\t", " :  ")])
+  line = _encode(dict(items), separators)
+  if rng.random() < 0.05:
+    line = line[: rng.randrange(1, len(line))]  # truncated
+  return line
+
+
+def _hostile_lines(count: int, seed: int) -> list[bytes]:
+  rng = random.Random(seed)
+  lines = [_mutated(rng, rng.choice(BASE)) for _ in range(count)] + BROKEN
+  rng.shuffle(lines)
+  return [line.encode() for line in lines]
+
+
+def _generated_lines(tmp_path, rows: int) -> list[bytes]:
+  [path] = generate(str(tmp_path / "json"), rows=rows, shards=1, seed=5, fmt="ripe-json")
+  with open(path, "rb") as f:
+    return f.read().splitlines()
+
+
+def _reference(lines: list[bytes], skip_bad: bool):
+  counts = ripe_json.Counts()
+  data = b"\n".join(lines) + b"\n"
+  table = ripe_json.rows_of_block(
+    ripe_json.Block(data, 1, len(lines), "line"), "ref.json", counts, skip_bad
+  )
+  return table, counts
+
+
+def _check_taken_lines(lines: list[bytes]) -> np.ndarray:
+  """Assert the scanner's rows of the lines it takes are the reference's; its kinds."""
+  data = b"\n".join(lines) + b"\n"
+  kinds, _, first_rows, rows, dups = ripe_scan.scan(data)
+  taken = [
+    line
+    for line, kind in zip(lines, kinds, strict=True)
+    if kind in (ripe_scan.PING, ripe_scan.OTHER)
+  ]
+  # Raises BadLine if the scanner took a line the reference finds bad.
+  expected, counts = _reference(taken, skip_bad=False)
+  got = ripe_scan._table(np.frombuffer(data, np.uint8), rows)
+  assert got.equals(expected), (got.to_pylist()[:5], expected.to_pylist()[:5])
+  assert counts.results == int(np.isin(kinds, [ripe_scan.PING, ripe_scan.OTHER]).sum())
+  assert counts.other_types == int((kinds == ripe_scan.OTHER).sum())
+  assert counts.duplicates == dups and counts.rows == len(rows)
+  return kinds
+
+
+def test_scanner_takes_only_lines_it_maps_as_the_reference_does():
+  lines = _hostile_lines(3000, seed=1)
+  kinds = _check_taken_lines(lines)
+  # Not vacuous: the scanner takes most mutated lines and hands many over.
+  assert (kinds == ripe_scan.PING).sum() > 300 and (kinds == ripe_scan.OTHER).sum() > 300
+  assert (kinds == ripe_scan.HANDED).sum() > 300
+  by_line = dict(zip(lines, kinds, strict=True))
+  assert by_line[BROKEN[-1].encode()] == ripe_scan.PING  # spaces and tabs everywhere
+  assert by_line[BROKEN[-2].encode()] == ripe_scan.PING  # CRLF line end
+  assert by_line[BROKEN[-7].encode()] == ripe_scan.PING  # 60 deep in another field
+  assert by_line[BROKEN[-8].encode()] == ripe_scan.HANDED  # 70 deep
+  escaped = [line for line in lines if b'"a \\"' in line]  # escapes in another field
+  assert any(by_line[line] == ripe_scan.PING for line in escaped)
+  assert any(by_line[line] == ripe_scan.PING for line in lines if b'"rtt":1E+2' in line)
+
+
+def test_every_float_form_converts_as_the_reference_does():
+  rng = random.Random(2)
+  texts = [repr(rng.uniform(0, 300)) for _ in range(500)]
+  texts += [repr(rng.lognormvariate(0, 8)) for _ in range(500)]
+  texts += [
+    f"{rng.randrange(10 ** rng.randrange(1, 24))}.{rng.randrange(10**6)}e{rng.randrange(-30, 30)}"
+    for _ in range(500)
+  ]
+  texts += ["0.1", "0.30000000000000004", "9007199254740993", "2.2250738585072014e-08"]
+  lines = [
+    b'{"msm_id":1,"timestamp":%d,"af":4,"result":[{"rtt":%s}]}' % (T0 + i, t.encode())
+    for i, t in enumerate(texts)
+  ]
+  kinds = _check_taken_lines(lines)
+  assert (kinds == ripe_scan.PING).sum() > 1400
+
+
+def _rows_or_error(rows_of_block, block, skip_bad):
+  counts = ripe_json.Counts()
+  try:
+    return rows_of_block(block, "in.json", counts, skip_bad), counts
+  except ripe_json.BadLine as e:
+    return str(e), None
+
+
+def test_blocks_give_the_reference_rows_and_counts(tmp_path):
+  lines = _generated_lines(tmp_path, 2000) + _hostile_lines(300, seed=3)
+  for skip_bad in (True, False):
+    for size in (7, 40, len(lines)):  # few handed-over runs per block, and many (all handed)
+      for start in range(0, len(lines), size):
+        piece = lines[start : start + size]
+        data = b"\n".join(piece) + b"\n"
+        block = ripe_json.Block(data, 10 + start, len(piece), "line")
+        got = _rows_or_error(ripe_scan.rows_of_block, block, skip_bad)
+        expected = _rows_or_error(ripe_json.rows_of_block, block, skip_bad)
+        if isinstance(expected[0], str):
+          assert got == expected
+        else:
+          assert got[0].equals(expected[0]) and got[1] == expected[1]
+
+
+@pytest.mark.parametrize("line", [b'{"msm_id": 1, "af": 4, "result": []}', b"[1]", b"{"])
+def test_a_bad_line_is_reported_by_the_reference_with_its_number(line):
+  good = b'{"msm_id":1,"timestamp":5,"af":4,"result":[{"rtt":1.5}]}'
+  data = b"\n".join([good, good, line, good]) + b"\n"
+  block = ripe_json.Block(data, 41, 4, "line")
+  with pytest.raises(ripe_json.BadLine, match=r"^in.json: line 43: "):
+    ripe_scan.rows_of_block(block, "in.json", ripe_json.Counts(), skip_bad=False)
+  counts = ripe_json.Counts()
+  table = ripe_scan.rows_of_block(block, "in.json", counts, skip_bad=True)
+  # A line DuckDB reads is a result even if it gives no row; one that is not JSON is not.
+  results = 4 if line.startswith(b'{"') else 3
+  assert table.num_rows == 3 and counts.bad_lines == 1 and counts.results == results
