@@ -8,10 +8,12 @@ Two inputs of JSON lines:
 For each it times, in this one process and back to back:
 - the JSON reader alone over the file's blocks: pyarrow's `read_json` with an explicit schema
   (the reader ingest used first) and DuckDB's `read_json` (the one it uses, `ripe_json._read`);
-- `read+map`: blocks of the file through `ripe_json.rows_of_block` (reader and mapping to
-  rows), the part that scales with the input;
-- `ingest`: the whole command (read, map, sort, write the parquet shards), with one
-  mapping thread and with its default (one a core, at most `ingest.READERS`).
+- `read+map`: blocks of the file mapped to rows, the part that scales with the input, by
+  the compiled scanner (`ripe_scan.rows_of_block`, what ingest uses) and by the reference
+  path alone (`ripe_json.rows_of_block`: DuckDB's reader and Arrow, ingest's path before);
+- `ingest`: the whole command (read, map, sort, write the parquet shards) with the scanner,
+  with one mapping thread and with its default (one a core, at most `ingest.READERS`), and
+  with the reference path (`scan=False`) and its default threads.
 Then the `1 packet` results as a JSON array and bz2-compressed, with bz2 decompression
 alone (Python's `bz2` and the `bzip2 -dc` tool) as the ceiling.
 
@@ -36,7 +38,7 @@ import time
 import pyarrow as pa
 import pyarrow.json as pj
 
-from maxtext_netdata.data import ingest, remote, ripe_json
+from maxtext_netdata.data import ingest, remote, ripe_json, ripe_scan
 from maxtext_netdata.data.generate import generate
 
 # The reader ingest used first, for comparison: pyarrow's, with the fields the mapping needs.
@@ -59,7 +61,7 @@ def _timed(call, who=resource.RUSAGE_SELF):
 
 def _print(label: str, what: str, results: int, wall: float, cpu: float, extra: str = "") -> None:
   print(
-    f"{label:<11} {what:<26} {results / cpu / 1e6:5.2f}M results/s per core"
+    f"{label:<11} {what:<32} {results / cpu / 1e6:5.2f}M results/s per core"
     f" ({results / wall / 1e6:.2f}M/s wall){extra}",
     flush=True,
   )
@@ -70,10 +72,10 @@ def _blocks(path: str):
   return ingest.iter_blocks(entry, ingest.storage_options(), ingest.BLOCK_BYTES, None)
 
 
-def _read_and_map(path: str) -> int:
+def _read_and_map(path: str, rows_of_block) -> int:
   counts = ripe_json.Counts()
   for block in _blocks(path):
-    ripe_json.rows_of_block(block, path, counts, skip_bad=False)
+    rows_of_block(block, path, counts, skip_bad=False)
   return counts.results
 
 
@@ -92,14 +94,21 @@ def _readers(label: str, path: str, results: int) -> None:
 
 
 def _report(label: str, path: str, work: str, one_reader: bool = False) -> None:
-  results, wall, cpu = _timed(lambda: _read_and_map(path))
-  _print(label, "read+map", results, wall, cpu)
+  for what, rows_of_block in (
+    ("read+map, scanner", ripe_scan.rows_of_block),
+    ("read+map, DuckDB path", ripe_json.rows_of_block),
+  ):
+    results, wall, cpu = _timed(lambda f=rows_of_block: _read_and_map(path, f))
+    _print(label, what, results, wall, cpu)
   readers = min(ingest.READERS, os.cpu_count() or 1)
-  for n in ([1] if one_reader and readers > 1 else []) + [readers]:
+  runs = [(n, True) for n in ([1] if one_reader and readers > 1 else []) + [readers]]
+  for n, scan in [*runs, (readers, False)]:
     summary, wall, cpu = _timed(
-      lambda n=n: ingest.ingest([path], os.path.join(work, "out"), progress=False, readers=n)
+      lambda n=n, scan=scan: ingest.ingest(
+        [path], os.path.join(work, "out"), progress=False, readers=n, scan=scan
+      )
     )
-    what = f"ingest, {n} mapping thread{'s' if n > 1 else ''}"
+    what = f"ingest, {n} thread{'s' if n > 1 else ''}, {'scanner' if scan else 'DuckDB path'}"
     _print(label, what, results, wall, cpu, f", {summary.counts.rows:,} rows")
 
 
@@ -128,6 +137,13 @@ def main() -> None:
       f" {os.cpu_count()} CPUs on this machine"
     )
     ripe_json._read(b'{"msm_id": 1}\n')  # DuckDB's one-off start (its JSON extension) untimed
+    started = time.perf_counter()  # the scanner's machine code, compiled on first use ever
+    ripe_scan.rows_of_block(
+      ripe_json.Block(lines[: lines.index(b"\n") + 1], 1, 1, "line"), path, ripe_json.Counts(), True
+    )
+    print(
+      f"scanner ready in {time.perf_counter() - started:.1f} s (compiled, or loaded from cache)"
+    )
     for label, file in (("1 packet", path), ("3 packets", three)):
       _readers(label, file, args.rows)
       _report(label, file, work, one_reader=True)

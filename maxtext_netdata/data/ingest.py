@@ -262,7 +262,7 @@ def _merge(runs: list[str]):
     pending, readers = pending_next, readers_next
 
 
-def _mapped_blocks(entries, options, block_bytes, bar, counts, skip_bad, readers):
+def _mapped_blocks(entries, options, block_bytes, bar, counts, skip_bad, readers, scan=True):
   """Row tables of every block of every input, in input order, mapped in `readers` threads.
 
   Each block is mapped with its own counts, added to `counts` in order, so the first bad
@@ -273,7 +273,8 @@ def _mapped_blocks(entries, options, block_bytes, bar, counts, skip_bad, readers
 
   def mapped(block, uri):
     block_counts = ripe_json.Counts()
-    return ripe_scan.rows_of_block(block, uri, block_counts, skip_bad), block_counts
+    rows_of_block = ripe_scan.rows_of_block if scan else ripe_json.rows_of_block
+    return rows_of_block(block, uri, block_counts, skip_bad), block_counts
 
   def done(future) -> pa.Table:
     table, block_counts = future.result()
@@ -305,11 +306,13 @@ def ingest(
   run_rows: int = RUN_ROWS,
   progress: bool = True,
   readers: int = 0,
+  scan: bool = True,
 ) -> Summary:
   """Read every input (files or globs, in name order) and write time-sorted parquet shards.
 
   `shards` 0 picks one file per SHARD_ROWS rows; `readers` 0 maps blocks in up to READERS
-  threads (one per core). Raises DataError for bad input (naming the
+  threads (one per core); `scan` False maps every line with the reference path (`ripe_json`)
+  instead of the compiled scanner, for comparison. Raises DataError for bad input (naming the
   file and line) and for input holding no ping row; `out_dir` then has no `.complete`.
   """
   started = time.perf_counter()
@@ -330,7 +333,7 @@ def ingest(
   writer = None
   try:
     runs, buffer, buffered = [], [], 0
-    tables = _mapped_blocks(entries, options, block_bytes, bar, counts, skip_bad, readers)
+    tables = _mapped_blocks(entries, options, block_bytes, bar, counts, skip_bad, readers, scan)
     with contextlib.closing(tables):
       for table in tables:
         buffer.append(table)
