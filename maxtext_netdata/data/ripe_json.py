@@ -90,7 +90,7 @@ class Counts:
 class Block(NamedTuple):
   """Newline-delimited results of one input; `first_line` (1-based) is the first's line."""
 
-  data: bytes | bytearray
+  data: bytes | bytearray | pa.Buffer
   first_line: int
   newlines: int
   unit: str  # "line", or "array element" for a JSON array
@@ -296,6 +296,8 @@ def rows_of_block(block: Block, path: str, counts: Counts, skip_bad: bool) -> pa
   dropped.
   """
   data, first_line, unit = block.data, block.first_line, block.unit
+  if not isinstance(data, bytes | bytearray):  # an Arrow buffer read straight from a file
+    data = bytes(memoryview(data))
   try:
     results, lines, bad_lines = _read(data), None, []
     if results.num_rows != block.newlines + (not data.endswith(b"\n")):

@@ -363,7 +363,7 @@ def _table(buf: np.ndarray, rows: np.ndarray) -> pa.Table:
 def scan(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
   """`_scan` of a block of newline-delimited results (see there)."""
   buf = np.frombuffer(data, np.uint8)
-  lines = ripe_json.count_newlines(data) + (len(data) > 0 and data[-1:] != b"\n")
+  lines = ripe_json.count_newlines(data) + (len(buf) > 0 and buf[-1] != 10)
   return _scan(buf, max(lines, 1), _KEY_BYTES, _KEY_LENGTHS)
 
 
@@ -373,7 +373,7 @@ def rows_of_block(
   """`ripe_json.rows_of_block`'s rows and counts, the lines the scanner takes read by it."""
   data = block.data
   buf = np.frombuffer(data, np.uint8)
-  lines = block.newlines + (len(data) > 0 and data[-1:] != b"\n")
+  lines = block.newlines + (len(buf) > 0 and buf[-1] != 10)
   kinds, starts, first_rows, rows, dups = _scan(buf, max(lines, 1), _KEY_BYTES, _KEY_LENGTHS)
   handed = kinds == HANDED
   # Runs of handed-over lines: [begin, end) line ranges.
