@@ -165,7 +165,7 @@ def _reference(lines: list[bytes], skip_bad: bool):
 def _check_taken_lines(lines: list[bytes]) -> np.ndarray:
   """Assert the scanner's rows of the lines it takes are the reference's; its kinds."""
   data = b"\n".join(lines) + b"\n"
-  kinds, _, first_rows, rows, dups = ripe_scan.scan(data)
+  kinds, _, _, rows, dups, texts = ripe_scan.scan(data)
   taken = [
     line
     for line, kind in zip(lines, kinds, strict=True)
@@ -173,7 +173,7 @@ def _check_taken_lines(lines: list[bytes]) -> np.ndarray:
   ]
   # Raises BadLine if the scanner took a line the reference finds bad.
   expected, counts = _reference(taken, skip_bad=False)
-  got = ripe_scan._table(np.frombuffer(data, np.uint8), rows)
+  got = ripe_scan._table(texts, rows)
   assert got.equals(expected), (got.to_pylist()[:5], expected.to_pylist()[:5])
   assert counts.results == int(np.isin(kinds, [ripe_scan.PING, ripe_scan.OTHER]).sum())
   assert counts.other_types == int((kinds == ripe_scan.OTHER).sum())
