@@ -494,3 +494,48 @@ def test_sigterm_with_jax_distributed_saves_and_leaves_nothing(tmp_path, data_ov
   )
   assert f"restoring from this run's directory step {saved}" in resumed_run.stderr
   assert [m["step"] for m in resumed] == [saved + 1, saved + 2]
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_single_process_run_closes_the_workers(tmp_path, data_overrides, jax_cache):
+  """SIGTERM to MaxText's trainer with no SIGTERM handler of its own (one process, no
+  `jax.distributed`): the command ends with 143 through its clean-up; its 2 Grain workers and
+  every /dev/shm entry it used are gone (SIGTERM's default action left them behind)."""
+  import process_helpers  # noqa: PLC0415
+
+  metrics = tmp_path / "metrics.jsonl"
+  argv = _train_argv(
+    tmp_path,
+    "single",
+    jax_cache,
+    f"metrics_file={metrics}",
+    *data_overrides,
+    "grain_worker_count=2",
+    "steps=500",
+    "checkpoint_period=1000",
+  )
+  shm = set(os.listdir("/dev/shm"))
+  with open(tmp_path / "log.txt", "w+", encoding="utf-8") as log:
+    proc = subprocess.Popen(
+      argv,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
+      stdout=subprocess.DEVNULL,
+      stderr=log,  # a pipe nobody reads would fill with MaxText's log and stop the run
+      start_new_session=True,
+      text=True,
+    )
+    proc.shm_watch = process_helpers._ShmWatch(proc)
+    try:
+      while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None, "the run ended before its third step"
+        time.sleep(0.2)
+      os.kill(proc.pid, signal.SIGTERM)
+      code, _, _ = process_helpers.finish(proc, shm, timeout=120)
+    finally:
+      if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log.seek(0)
+    err = log.read()
+  assert code == 128 + signal.SIGTERM, err[-2000:]
+  assert "maxtext-netdata maxtext-train: terminated (SIGTERM)" in err
