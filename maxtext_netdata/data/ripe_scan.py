@@ -59,9 +59,12 @@ _TOP = (
 )
 _TYPE, _MSM, _PRB, _TS, _AF, _FROM, _SRC, _DST, _ADDR, _RESULT, _AVG, _RCVD = range(len(_TOP))
 _KEY_BYTES = np.zeros((len(_TOP), 16), np.uint8)
-_KEY_LENGTHS = np.array([len(k) for k in _TOP], np.int64)
+_SLOTS = np.full((16, 128), -1, np.int64)  # by length and first byte: unique for these keys
 for _k, _name in enumerate(_TOP):
   _KEY_BYTES[_k, : len(_name)] = np.frombuffer(_name.encode(), np.uint8)
+  _SLOTS[len(_name), ord(_name[0])] = _k
+assert len({(len(k), k[0]) for k in _TOP}) == len(_TOP)
+_N_KEYS = len(_TOP)
 # Columns of the rows array `_scan` fills: a row's integers, then (start, length) of its
 # texts in the block (length -1: null; an rtt of length 0 is a failed packet).
 _MSM_C, _TS_C, _PRB_C, _PRB_OK_C, _VER_C, _SRC_S, _SRC_L, _DST_S, _DST_L, _RTT_S, _RTT_L = range(11)
@@ -69,17 +72,17 @@ _COLUMNS = 11
 
 
 @js.inline
-def _which(buf, start, length, keys, lengths):
-  for k in range(len(lengths)):
-    if lengths[k] == length:
-      same = True
-      for j in range(length):
-        if buf[start + j] != keys[k, j]:
-          same = False
-          break
-      if same:
-        return k
-  return -1
+def _which(buf, start, length):
+  """Index in `_TOP` of the key at `start`, or -1 (a table by length and first byte)."""
+  if length >= _KEY_BYTES.shape[1] or length == 0:
+    return -1
+  k = _SLOTS[length, buf[start]]
+  if k < 0:
+    return -1
+  for j in range(1, length):
+    if buf[start + j] != _KEY_BYTES[k, j]:
+      return -1
+  return k
 
 
 @js.helper
@@ -180,14 +183,14 @@ def _copy(buf, start, length, texts, at):
 
 
 @js.helper
-def _line(buf, p, n, rows, m, stack, keys, lengths, ints, spans, texts, at):
+def _line(buf, p, n, rows, m, stack, ints, spans, texts, at):
   """Read the line at `p`: (kind, new m, duplicates, a position in the line past which
   only its newline may come); `_FULL` as kind if `rows` is full.
 
   A ping result's texts are copied into `texts` while the line is in cache (gathering them
   from the block later missed the cache on every row: 3x slower).
   """
-  for k in range(len(lengths)):
+  for k in range(_N_KEYS):
     spans[k, 1] = -1
     ints[k] = 0
   first = m
@@ -205,7 +208,7 @@ def _line(buf, p, n, rows, m, stack, keys, lengths, ints, spans, texts, at):
       i, start, length = js.key(buf, i, n)
       if i < 0:
         break
-      k = _which(buf, start, length, keys, lengths)
+      k = _which(buf, start, length)
       value = i
       if k >= 0:
         if seen & (1 << k):
@@ -304,8 +307,6 @@ def _lines(
   starts,
   first_rows,
   stack,
-  keys,
-  lengths,
   ints,
   spans,
   texts,
@@ -320,7 +321,7 @@ def _lines(
   dups = 0
   while line < lines and p <= n:
     starts[line], first_rows[line] = p, m
-    kind, m, d, p = _line(buf, p, n, rows, m, stack, keys, lengths, ints, spans, texts, at)
+    kind, m, d, p = _line(buf, p, n, rows, m, stack, ints, spans, texts, at)
     if kind == _FULL:
       return line, p, m, dups
     kinds[line] = kind
@@ -332,7 +333,7 @@ def _lines(
 
 
 @numba.njit(cache=True, nogil=True)
-def _scan(buf, lines, keys, lengths):
+def _scan(buf, lines):
   """Each line's kind (BLANK, PING, OTHER, HANDED), its start, its first row, and the rows.
 
   Returns (kinds[lines], starts[lines + 1], first_rows[lines + 1], rows[m, _COLUMNS], dups,
@@ -346,8 +347,8 @@ def _scan(buf, lines, keys, lengths):
   texts = np.empty(n, np.uint8)  # a line's texts are parts of it: the block's size bounds all
   at = np.zeros(1, np.int64)
   stack = np.empty(js.MAX_DEPTH, np.uint8)
-  ints = np.zeros(len(lengths), np.int64)  # integer fields, by key index
-  spans = np.zeros((len(lengths), 2), np.int64)  # text fields: (start, length), -1: null
+  ints = np.zeros(_N_KEYS, np.int64)  # integer fields, by key index
+  spans = np.zeros((_N_KEYS, 2), np.int64)  # text fields: (start, length), -1: null
   m, dups, p, line = 0, 0, 0, 0
   while True:
     line, p, m, d = _lines(
@@ -361,8 +362,6 @@ def _scan(buf, lines, keys, lengths):
       starts,
       first_rows,
       stack,
-      keys,
-      lengths,
       ints,
       spans,
       texts,
@@ -434,7 +433,7 @@ def scan(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, np.
   """`_scan` of a block of newline-delimited results (see there)."""
   buf = np.frombuffer(data, np.uint8)
   lines = ripe_json.count_newlines(data) + (len(buf) > 0 and buf[-1] != 10)
-  return _scan(buf, max(lines, 1), _KEY_BYTES, _KEY_LENGTHS)
+  return _scan(buf, max(lines, 1))
 
 
 def rows_of_block(
@@ -444,7 +443,7 @@ def rows_of_block(
   data = block.data
   buf = np.frombuffer(data, np.uint8)
   lines = block.newlines + (len(buf) > 0 and buf[-1] != 10)
-  scanned = _scan(buf, max(lines, 1), _KEY_BYTES, _KEY_LENGTHS)
+  scanned = _scan(buf, max(lines, 1))
   kinds, starts, first_rows, rows, dups, texts = scanned
   handed = kinds == HANDED
   # Runs of handed-over lines: [begin, end) line ranges.
