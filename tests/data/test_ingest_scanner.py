@@ -7,14 +7,18 @@ after the needed keys, escapes and unicode in needed and other strings, whitespa
 in every JSON form, broken and truncated lines.
 """
 
+import glob
+import gzip
 import json
 import random
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from maxtext_netdata.data import ripe_json, ripe_scan
 from maxtext_netdata.data.generate import generate
+from maxtext_netdata.data.ingest import ingest
 
 T0 = 1_751_328_000
 
@@ -250,3 +254,25 @@ def test_a_bad_line_is_reported_by_the_reference_with_its_number(line):
   # A line DuckDB reads is a result even if it gives no row; one that is not JSON is not.
   results = 4 if line.startswith(b'{"') else 3
   assert table.num_rows == 3 and counts.bad_lines == 1 and counts.results == results
+
+
+def test_plain_lines_read_in_place_give_the_rows_of_the_same_lines_compressed(tmp_path):
+  # CRLF ends, blank lines, a line longer than the block, no newline at the end: the plain
+  # reader (blocks cut at their last newline, the next read from there) against the
+  # compressed one (pieces joined in memory).
+  long_line = json.dumps(dict(BASE[0], msm_name="x" * 300, timestamp=T0 + 1))
+  text = "\r\n".join(
+    [json.dumps(dict(BASE[i % 3], timestamp=T0 + i)) for i in range(40)] + ["", "  ", long_line]
+  )
+  text += "\n" + json.dumps(dict(BASE[1], timestamp=T0 + 99))  # no newline at the end
+  plain = tmp_path / "plain.json"
+  plain.write_bytes(text.encode())
+  packed = tmp_path / "packed.json.gz"
+  packed.write_bytes(gzip.compress(text.encode()))
+  outs = []
+  for path in (plain, packed):
+    out = str(tmp_path / f"out-{path.name}")
+    summary = ingest([str(path)], out, block_bytes=128, progress=False)
+    outs.append((pq.read_table(glob.glob(f"{out}/*.parquet")[0]), summary.counts))
+  assert outs[0][0].equals(outs[1][0]) and outs[0][1] == outs[1][1]
+  assert outs[0][1].results == 42 and outs[0][0].num_rows > 42
