@@ -8,8 +8,8 @@ or surrogate `\\u` escape in a string; no trailing comma, comment, NaN or leadin
 raw newline (byte 10) is never read, so a scanner of JSON lines stops at the line's end.
 Our own code because no kept JSON library exposes a tokenizer numba can call.
 
-numba's cache of a kernel that calls these (`ripe_scan`) is keyed on the kernel's own file:
-after editing this one, touch that one so the kernel is compiled again.
+numba's cache of a kernel that calls these (`ripe_scan_kernel`) is keyed on the kernel's
+own file: after editing this one, touch that one so the kernel is compiled again.
 """
 
 from __future__ import annotations
