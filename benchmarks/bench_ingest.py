@@ -38,7 +38,7 @@ import time
 import pyarrow as pa
 import pyarrow.json as pj
 
-from maxtext_netdata.data import ingest, remote, ripe_json, ripe_scan
+from maxtext_netdata.data import ingest, ingest_read, remote, ripe_json, ripe_scan
 from maxtext_netdata.data.generate import generate
 
 # The reader ingest used first, for comparison: pyarrow's, with the fields the mapping needs.
@@ -69,7 +69,7 @@ def _print(label: str, what: str, results: int, wall: float, cpu: float, extra: 
 
 def _blocks(path: str):
   entry = remote.expand(path, ingest.storage_options())[0]
-  return ingest.iter_blocks(entry, ingest.storage_options(), ingest.BLOCK_BYTES, None)
+  return ingest_read.iter_blocks(entry, ingest.storage_options(), ingest.BLOCK_BYTES, None)
 
 
 def _read_and_map(path: str, rows_of_block) -> int:

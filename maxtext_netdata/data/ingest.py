@@ -14,9 +14,7 @@ single run is sorted in memory and written directly. Shards are written under te
 names and renamed; the `.complete` marker (JSON: counts and files) comes last, and files of
 an earlier run in the folder are replaced.
 
-Compressed inputs are decompressed in a thread one block ahead of the parsing (Arrow's
-decompressors run without the GIL), so decompression and parsing overlap where a core is
-free; three blocks are held at most.
+Inputs are read block by block by `data.ingest_read`.
 """
 
 from __future__ import annotations
@@ -27,10 +25,8 @@ import contextlib
 import dataclasses
 import json
 import os
-import queue
 import shutil
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -47,6 +43,7 @@ from maxtext_netdata.data.generate import (
   ROW_GROUP_SIZE,
   clear_outputs,
 )
+from maxtext_netdata.data.ingest_read import iter_blocks
 from maxtext_netdata.errors import DataError, UserError
 
 BLOCK_BYTES = 16 << 20
@@ -56,7 +53,6 @@ READERS = 4  # threads mapping blocks at most (DuckDB's reader and Arrow run wit
 # Rows per row group of a run, read one group per run at a time while merging: the merge
 # holds about 16k rows (~1.5 MB) per run, ~150 MB for the 100 runs of 200M rows.
 _MERGE_BATCH = 16_384
-_CODECS = {".bz2": "bz2", ".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 
 @dataclasses.dataclass
@@ -77,163 +73,6 @@ class Summary:
 def storage_options() -> remote.StorageOptions:
   """The storage keys' defaults (`configs/base.yml`) and the environment, as `prepare` has."""
   return remote.StorageOptions.from_config(load_config(None))
-
-
-def _read_ahead(stream, block_bytes: int):
-  """`stream`'s pieces, read (and decompressed) in a thread one piece ahead of the caller.
-
-  Decompression then runs beside the parsing of the previous piece: at most two pieces are
-  held besides the caller's. An error reading is raised in the caller, in order; closing
-  the generator stops the thread before it returns.
-  """
-  pieces = queue.Queue(maxsize=1)
-  stop = threading.Event()
-
-  def read() -> None:
-    while not stop.is_set():
-      try:
-        piece = stream.read(block_bytes)
-      except BaseException as e:  # handed to the caller, which raises it
-        piece = e
-      while not stop.is_set():
-        try:
-          pieces.put(piece, timeout=0.1)
-          break
-        except queue.Full:
-          pass
-      if isinstance(piece, BaseException) or not piece:
-        return
-
-  thread = threading.Thread(target=read, name="ingest-read-ahead", daemon=True)
-  thread.start()
-  try:
-    while True:
-      piece = pieces.get()
-      if isinstance(piece, BaseException):
-        raise piece
-      yield piece
-      if not piece:
-        return
-  finally:
-    stop.set()
-    thread.join()
-
-
-def _read_inline(stream, block_bytes: int):
-  while True:
-    piece = stream.read(block_bytes)
-    yield piece
-    if not piece:
-      return
-
-
-def _last_newline(view: np.ndarray) -> int:
-  """Index of the last newline of `view`, or -1; looks at the end first."""
-  end = len(view)
-  while end > 0:
-    start = max(0, end - (1 << 16))
-    found = np.flatnonzero(view[start:end] == 10)
-    if len(found):
-      return start + int(found[-1])
-    end = start
-  return -1
-
-
-def _plain_line_blocks(uri: str, raw, block_bytes: int, progress):
-  """Blocks of a plain JSON-lines input: Arrow buffers read straight from the file.
-
-  Each block ends after its last newline and the next read starts there (a seek back), so
-  no partial line is carried and copied into the next block: one copy from the file, none
-  after (2x the speed of reading and joining at 16 MB blocks).
-  """
-  line, position, size = 1, 0, block_bytes
-  while True:
-    try:
-      piece = raw.read_buffer(size)
-    except (OSError, pa.ArrowException) as e:
-      raise DataError(f"{uri}: read error after line {line - 1} ({e})") from None
-    if len(piece) == 0:
-      return
-    data = piece
-    if len(piece) == size:
-      cut = _last_newline(np.frombuffer(piece, np.uint8)) + 1
-      if cut == 0:  # a line longer than the block: read it whole
-        raw.seek(position)
-        size *= 2
-        continue
-      data = piece.slice(0, cut)
-      raw.seek(position + cut)
-    position, size = position + len(data), block_bytes
-    if progress is not None:
-      progress.update(len(data))
-    head = bytes(memoryview(data)[:256])
-    if head.strip() or not bytes(memoryview(data)).isspace():
-      block = ripe_json.Block(data, line, ripe_json.count_newlines(data), "line")
-      yield block
-      line += block.newlines
-
-
-def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
-  """The newline-delimited results of one input as `ripe_json.Block`s, block by block.
-
-  Compressed inputs are decompressed a piece ahead in a thread (`_read_ahead`); plain JSON
-  lines are read by `_plain_line_blocks`.
-  """
-  codec = _CODECS.get(os.path.splitext(entry.uri)[1].lower())
-  raw = remote.open_input_file(entry, options)
-  if not codec:
-    try:
-      head = raw.read(4096)
-      raw.seek(0)
-    except (OSError, pa.ArrowException) as e:
-      raw.close()
-      raise DataError(f"{entry.uri}: read error ({e})") from None
-    if head.lstrip()[:1] not in (b"[", b""):
-      try:
-        yield from _plain_line_blocks(entry.uri, raw, block_bytes, progress)
-      finally:
-        raw.close()
-      return
-  stream = pa.CompressedInputStream(raw, codec) if codec else raw
-  pieces = (_read_ahead if codec else _read_inline)(stream, block_bytes)
-  array, carry, line, position, unit = None, b"", 1, 0, "line"
-  try:
-    while True:
-      try:
-        piece = next(pieces)
-      except (OSError, pa.ArrowException) as e:
-        what = f"corrupt or truncated {codec} data" if codec else "read error"
-        raise DataError(f"{entry.uri}: {what} after line {line - 1} ({e})") from None
-      last = not piece
-      if array is None and (piece.lstrip() or last):
-        array = (carry + piece).lstrip()[:1] == b"["
-        if array:
-          converter, unit = ripe_json.ArrayToLines(entry.uri), "array element"
-      if progress is not None:
-        done = raw.tell()
-        progress.update(done - position)
-        position = done
-      if array:
-        data = converter.feed(piece, last)
-      elif last:
-        data, carry = carry, b""
-      else:
-        cut = piece.rfind(b"\n") + 1
-        if cut == 0:  # a line longer than a block
-          data, carry = b"", carry + piece
-        else:  # one copy at most: the carry and the piece up to its last newline
-          whole = not carry and cut == len(piece)
-          data = piece if whole else b"".join((carry, memoryview(piece)[:cut]))
-          carry = piece[cut:]
-      if data and not data.isspace():
-        block = ripe_json.Block(data, line, ripe_json.count_newlines(data), unit)
-        yield block
-        line += block.newlines
-      if last:
-        return
-  finally:
-    pieces.close()
-    raw.close()
 
 
 class _ShardWriter:
