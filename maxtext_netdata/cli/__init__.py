@@ -16,6 +16,7 @@ import importlib
 import signal
 import sys
 
+from maxtext_netdata.cli import signals
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.errors import DataError, UserError
 
@@ -34,22 +35,6 @@ COMMANDS = {
   "bench": ("maxtext_netdata.bench.benchmark", "data-loading benchmark with a verdict"),
   "maxtext-train": ("maxtext_netdata.maxtext.train", "run MaxText's trainer with the plugin"),
 }
-
-
-class Terminated(KeyboardInterrupt):
-  """SIGTERM, raised in the main thread where Ctrl-C raises KeyboardInterrupt.
-
-  Slurm, Kubernetes and preemptible VMs stop a job with SIGTERM to its main process; its
-  default action ends that process at once, leaving its Grain workers and their /dev/shm blocks
-  behind. Raised like Ctrl-C's exception, it unwinds through the same `finally` clauses (a
-  subclass of KeyboardInterrupt, so no `except Exception` on the way swallows it). `train`
-  installs its own handler while it runs, which saves a checkpoint first.
-  """
-
-
-def _terminate(signum, frame) -> None:
-  del signum, frame
-  raise Terminated()
 
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
@@ -90,29 +75,18 @@ def main(argv: list[str] | None = None) -> int:
   # parse them; ours take every setting from the config, so the flags keep their defaults.
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
-  previous = _install(signal.SIGTERM, _terminate)
   try:
-    return int(module.run(args) or 0)
+    with signals.as_exceptions():
+      return int(module.run(args) or 0)
   except (DataError, ConfigError, UserError) as e:
     print(f"maxtext-netdata {args.command}: error: {e}", file=sys.stderr)
     return 2
-  except Terminated:
+  except signals.Terminated:
     print(f"maxtext-netdata {args.command}: terminated (SIGTERM)", file=sys.stderr)
     return 128 + signal.SIGTERM
   except KeyboardInterrupt:
     print(f"maxtext-netdata {args.command}: interrupted", file=sys.stderr)
     return 130
-  finally:
-    if previous is not None:
-      signal.signal(signal.SIGTERM, previous)
-
-
-def _install(signum: int, handler):
-  """The handler `signum` had before, or None where this thread cannot own handlers."""
-  try:
-    return signal.signal(signum, handler)
-  except ValueError:  # not the main thread (a command run from a test's thread)
-    return None
 
 
 if __name__ == "__main__":
