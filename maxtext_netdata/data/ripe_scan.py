@@ -42,6 +42,14 @@ __all__ = ["BLANK", "HANDED", "OTHER", "PING", "rows_of_block", "scan"]
 _MAX_RUNS = 8
 
 
+def _bytes_of(data) -> np.ndarray:
+  """A read-only uint8 view of a block: one compiled variant of the scanner for every kind of
+  block (bytes, bytearray, Arrow buffer), where a writable view would compile a second."""
+  buf = np.frombuffer(data, np.uint8)
+  buf.flags.writeable = False
+  return buf
+
+
 def _strings(buf, rows, start_column, failed=False) -> pa.Array:
   offsets, data, valid = texts_of(buf, rows, start_column, failed)
   nulls = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
@@ -70,7 +78,7 @@ def _table(texts: np.ndarray, rows: np.ndarray) -> pa.Table:
 
 def scan(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
   """`scan_block` of a block of newline-delimited results (see there)."""
-  buf = np.frombuffer(data, np.uint8)
+  buf = _bytes_of(data)
   lines = ripe_json.count_newlines(data) + (len(buf) > 0 and buf[-1] != 10)
   return scan_block(buf, max(lines, 1))
 
@@ -80,7 +88,7 @@ def rows_of_block(
 ) -> pa.Table:
   """`ripe_json.rows_of_block`'s rows and counts, the lines the scanner takes read by it."""
   data = block.data
-  buf = np.frombuffer(data, np.uint8)
+  buf = _bytes_of(data)
   lines = block.newlines + (len(buf) > 0 and buf[-1] != 10)
   scanned = scan_block(buf, max(lines, 1))
   kinds, starts, first_rows, rows, dups, texts = scanned
