@@ -29,6 +29,8 @@ _TRUE, _FALSE, NULL = (np.frombuffer(w, np.uint8) for w in (b"true", b"false", b
 # The helpers are compiled without numba's reference counting (`_nrt=False`): they allocate
 # nothing, and with it every call passing the block (inlined or not) counted references to it
 # with two atomic calls, which took 3/4 of the scan's time (1.6M lines/s per core without).
+# The small pieces are inlined where they are called: the scan is ~15% faster than with
+# calls, and its first compile 2.5x longer (measured 59 s against 23 s), a one-off cost.
 helper = numba.njit(_nrt=False)
 inline = numba.njit(inline="always", _nrt=False)
 
