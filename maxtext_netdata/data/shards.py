@@ -22,16 +22,17 @@ rows' order within files.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 
-import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxtext_netdata.data import ip_text, lookup, schema, store
+from maxtext_netdata.data import probes, schema, store
 from maxtext_netdata.format import tokenizer
+
+# The hash that orders probes, buckets and the probe split (module doc); computed in `probes`.
+probe_hashes = probes.probe_hashes
 
 # Rows of one bucket at most (the memory budget may ask for fewer): the sort's cost per row
 # grows with the arrays' size (cache misses), so small buckets are also faster.
@@ -55,47 +56,6 @@ def bucket_rows(memory_mb: int) -> int:
 def num_buckets(total_rows: int, memory_mb: int) -> int:
   """Buckets for `total_rows` raw rows (the content does not depend on it)."""
   return max(1, -(-total_rows // bucket_rows(memory_mb)))
-
-
-class _KnownHashes:
-  """Probe hashes computed so far in this process, kept in a `lookup.BytesTable`.
-
-  A dump's probes (~50k in 200M rows) recur in every batch: each key is hashed once with
-  blake2b in Python, a batch's keys are then matched in one compiled pass (Arrow's `index_in`
-  rebuilt its hash table of every known key on each call). The table keeps at most `limit`
-  keys, which bounds its memory.
-  """
-
-  def __init__(self, limit: int = 1_000_000):
-    self.table = lookup.BytesTable((8,), np.uint8, limit=limit)
-
-  def lookup(self, keys: np.ndarray) -> np.ndarray:
-    return self.entries(keys)[1]
-
-  def entries(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(entry int64 [K], hash uint64 [K]) of each key: equal keys have equal entries."""
-    keys = np.ascontiguousarray(keys, dtype=np.uint8).reshape(-1, 17)
-    offsets = np.arange(0, 17 * len(keys) + 1, 17, dtype=np.int64)
-    entries, new = self.table.lookup(offsets, keys.reshape(-1))
-    if len(new):
-      digests = b"".join(
-        hashlib.blake2b(self.table.key(entry), digest_size=8).digest() for entry in new
-      )
-      self.table.values[new.start : new.stop] = np.frombuffer(digests, np.uint8).reshape(-1, 8)
-    return entries, self.table.values[entries].view(">u8")[:, 0].astype(np.uint64)
-
-
-_KNOWN = _KnownHashes()
-
-
-def _binary17(keys: np.ndarray) -> pa.Array:
-  """uint8 [K, 17] as an Arrow binary(17) array over the same bytes."""
-  return pa.Array.from_buffers(pa.binary(17), len(keys), [None, pa.py_buffer(keys)])
-
-
-def probe_hashes(keys: np.ndarray) -> np.ndarray:
-  """uint64 [K]: the hash of each (version byte + 16 address bytes) key of uint8 [K, 17]."""
-  return _KNOWN.lookup(keys) if len(keys) else np.zeros(0, np.uint64)
 
 
 def bucket_of(hashes: np.ndarray, buckets: int) -> np.ndarray:
@@ -151,95 +111,9 @@ def _names(hashed: bool) -> list[str]:
   return [name for name in store.ROW_ARRAYS if hashed or name != "hashed_order"]
 
 
-@numba.njit(cache=True, nogil=True)
-def _probe_codes(index, empty, version, probe):
-  """Number the rows' probes in order of first appearance into `probe`; the first row of each.
-
-  A row's probe is its source's dictionary entry `index`, and for an `empty` entry (the zero
-  address of either version) the entry and the row's version.
-  """
-  size = len(empty)
-  seen = np.full(2 * size, -1, np.int32)
-  first = np.empty(len(index), np.int64)
-  count = 0
-  for i in range(len(index)):
-    code = np.int64(index[i])
-    if empty[code] and version[i] == 6:
-      code += size
-    number = seen[code]
-    if number < 0:
-      number = seen[code] = count
-      first[count] = i
-      count += 1
-    probe[i] = number
-  return first[:count]
-
-
-def _batch_probes(columns: schema.RawColumns) -> tuple[np.ndarray, np.ndarray]:
-  """(probe of each row int32 [n], key of each probe uint8 [K, 17]) of a validated batch.
-
-  A key may appear twice (two texts of one address); `order_bucket` merges such probes.
-  """
-  n = len(columns)
-  text = columns.src_text
-  if isinstance(text, pa.DictionaryArray) and n:
-    # The source's dictionary index is the probe: a non-empty address text has one family and
-    # a valid row's version is that family, so (version, address) follows from the index. An
-    # empty or null text is the zero address of the row's version: a code per version.
-    dictionary = text.dictionary
-    size = len(dictionary) + 1  # entry `len(dictionary)` stands for null rows
-    offsets, _ = ip_text.string_buffers(dictionary)
-    empty = np.ones(size, dtype=bool)
-    empty[:-1] = offsets[1:] == offsets[:-1]
-    if dictionary.null_count:
-      empty[:-1] |= dictionary.is_null().to_numpy(zero_copy_only=False)
-    index = text.indices
-    if index.null_count:
-      index = index.fill_null(size - 1)
-    probe = np.empty(n, dtype=np.int32)
-    rows = _probe_codes(index.to_numpy(), empty, columns.version, probe)
-    table = np.empty((len(rows), 17), dtype=np.uint8)
-    table[:, 0] = columns.version[rows]
-    table[:, 1:] = columns.src[rows]
-    return probe, table
-  keys = np.empty((n, 17), dtype=np.uint8)
-  keys[:, 0] = columns.version
-  keys[:, 1:] = columns.src
-  # Arrow's hash table finds the batch's probes in one C++ pass over the 17-byte keys.
-  encoded = pc.dictionary_encode(_binary17(keys))
-  probe = encoded.indices.to_numpy().astype(np.int32, copy=False)
-  dictionary = encoded.dictionary
-  table = np.frombuffer(dictionary.buffers()[1], dtype=np.uint8)
-  table = table[dictionary.offset * 17 : (dictionary.offset + len(dictionary)) * 17]
-  return probe, table.reshape(-1, 17)
-
-
-def _merged(probe, table, entry, hashes) -> tuple:
-  """(probe, table, hashes) with the keys of equal `entry` (the same bytes) made one.
-
-  A batch joins row groups whose dictionaries repeat the same sources, so its source
-  dictionary names a probe up to once per row group; one key per probe keeps the chunks'
-  probe tables (spilled, merged when a bucket is sorted) to the batch's distinct probes.
-  """
-  if len(entry) < 2:
-    return probe, table, hashes
-  mark = np.empty(int(entry.max()) + 1, np.int64)
-  mark[entry] = np.arange(len(entry))  # one key of each entry (whichever numpy writes last)
-  first = mark[entry]
-  keep = first == np.arange(len(entry))
-  if keep.all():
-    return probe, table, hashes
-  local = (np.cumsum(keep, dtype=np.int32) - 1)[first]
-  return local[probe], table[keep], hashes[keep]
-
-
 def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
   """(bucket, chunk) of each bucket that rows of this validated batch fall in."""
-  probe, table = _batch_probes(columns)
-  if len(table):
-    probe, table, hashes = _merged(probe, table, *_KNOWN.entries(table))
-  else:
-    hashes = np.zeros(0, np.uint64)
+  probe, table, hashes = probes.batch_probes(columns)
   rtt_bytes, failed = tokenizer.rtt_bytes(columns.rtt)
   data = {
     "dst": columns.dst,

@@ -10,7 +10,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from maxtext_netdata.data import lookup, shards
+from maxtext_netdata.data import lookup, probes
 
 
 def _batches(rng, count, distinct, sizes=(0, 40)):
@@ -87,15 +87,15 @@ def test_offsets_outside_the_data_are_refused():
 
 def test_probe_hashes_are_blake2b_across_batches_and_resets():
   rng = np.random.default_rng(3)
-  probes = rng.integers(0, 256, (3_000, 17), dtype=np.uint8)
-  probes[:, 0] = rng.choice([4, 6], len(probes))
+  keys = rng.integers(0, 256, (3_000, 17), dtype=np.uint8)
+  keys[:, 0] = rng.choice([4, 6], len(keys))
   expected = np.array(
-    [int.from_bytes(hashlib.blake2b(k.tobytes(), digest_size=8).digest(), "big") for k in probes],
+    [int.from_bytes(hashlib.blake2b(k.tobytes(), digest_size=8).digest(), "big") for k in keys],
     dtype=np.uint64,
   )
-  known = shards._KnownHashes(limit=500)
+  known = probes._KnownHashes(limit=500)
   for _ in range(20):
-    picked = rng.integers(0, len(probes), int(rng.integers(1, 400)))
-    assert (known.lookup(probes[picked]) == expected[picked]).all()
+    picked = rng.integers(0, len(keys), int(rng.integers(1, 400)))
+    assert (known.lookup(keys[picked]) == expected[picked]).all()
   assert known.table.resets >= 1
-  assert (shards.probe_hashes(probes) == expected).all()
+  assert (probes.probe_hashes(keys) == expected).all()

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from maxtext_netdata.data import schema, shards
+from maxtext_netdata.data import probes, schema
 
 
 def _columns(src: pa.Array, versions: list[int]) -> schema.RawColumns:
@@ -30,8 +30,8 @@ def _columns(src: pa.Array, versions: list[int]) -> schema.RawColumns:
 
 def _probe_keys(columns: schema.RawColumns) -> tuple[list[bytes], int]:
   """(key of each row as bytes, number of keys) from `_batch_probes` and the merge."""
-  probe, table = shards._batch_probes(columns)
-  probe, table, _ = shards._merged(probe, table, *shards._KNOWN.entries(table))
+  probe, table = probes._batch_probes(columns)
+  probe, table, _ = probes._merged(probe, table, *probes._KNOWN.entries(table))
   return [table[p].tobytes() for p in probe], len(table)
 
 
