@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 from maxtext_netdata.config import Config, ConfigError, initialize, load
 from maxtext_netdata.distributed import multihost
@@ -193,16 +194,45 @@ def _summary(config: Config, logger: MetricLogger, trainer_params: int) -> dict[
 class _StopRequest:
   """SIGTERM (how Slurm, Kubernetes and preemptible VMs stop a job) as a request to stop.
 
-  While installed, SIGTERM no longer kills the process: the loop saves a checkpoint at the
-  next step boundary and returns, closing the Grain workers on the way out. Only the main
-  thread can own a signal handler; elsewhere SIGTERM keeps its previous disposition.
+  The loop then saves a checkpoint at a step boundary and returns, closing the Grain workers on
+  the way out. One process: a SIGTERM handler records the request and the next step boundary
+  is the one (only the main thread can own a handler; elsewhere SIGTERM keeps its previous
+  disposition). With `jax.distributed` running, the hosts of a job get their notices at
+  different moments, and a host that stopped alone would leave the others waiting in the next
+  step's collectives and itself in the checkpoint's barrier (a SIGTERM to one of two processes
+  hung both). There JAX's preemption service (on by default) takes SIGTERM on every process,
+  and `reached_preemption_sync_point`, asked after every step, turns true on all of them at
+  the same step.
   """
 
   def __init__(self):
     self.requested: str | None = None
     self._previous = None
+    self._synced = False
 
   def install(self) -> None:
+    if jax.distributed.is_initialized():
+      return  # JAX's preemption notifier owns SIGTERM; `begin` checks that it runs
+    self._install_handler()
+
+  def begin(self, step: int) -> None:
+    """Called once before the first step, `step` being the step training starts from."""
+    if not jax.distributed.is_initialized():
+      return
+    try:
+      self._synced = True
+      self.poll(step)
+    except RuntimeError:  # jax_enable_preemption_service off: each process on its own
+      self._synced = False
+      self._install_handler()
+
+  def poll(self, completed: int) -> None:
+    """After each step: with the preemption service, whether all processes stop here."""
+    if self._synced and not self.requested:
+      if multihost_utils.reached_preemption_sync_point(completed):
+        self.requested = "SIGTERM"
+
+  def _install_handler(self) -> None:
     if threading.current_thread() is threading.main_thread():
       self._previous = signal.signal(signal.SIGTERM, self._handle)
 
@@ -259,6 +289,7 @@ def train(
       print(f"train: resumed from {checkpointing.checkpoint_dir(config)}/{start_step}")
     else:
       state = trainer.init_state(jax.random.key(0))
+    stop.begin(start_step)
     if hasattr(train_iter, "start_prefetch"):
       train_iter.start_prefetch()  # workers fill their buffers while the step compiles
     if start_step >= config.steps:
@@ -284,6 +315,7 @@ def train(
       logger.buffer_and_write_train_metrics(metrics, step, now - last)
       last = now
       completed = step + 1
+      stop.poll(completed)
       eval_due = config.eval_interval > 0 and (
         completed % config.eval_interval == 0 or completed == config.steps
       )
