@@ -1,10 +1,10 @@
 """The inputs of `ingest` as blocks of newline-delimited results (`ripe_json.Block`).
 
-Plain JSON lines are read in Arrow buffers straight from the file, each block ending at its
-last newline (`_plain_line_blocks`); compressed inputs are decompressed in a thread one
-block ahead of the parsing (Arrow's decompressors run without the GIL), so decompression
-and parsing overlap where a core is free, three blocks held at most; a JSON array becomes
-lines through `ripe_json.ArrayToLines`.
+Plain JSON lines are read in Arrow buffers straight from the file (a local file is mapped:
+no copy at all), each block ending at its last newline (`_plain_line_blocks`); compressed
+inputs are decompressed in a thread one block ahead of the parsing (Arrow's decompressors
+run without the GIL), so decompression and parsing overlap where a core is free, three
+blocks held at most; a JSON array becomes lines through `ripe_json.ArrayToLines`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import threading
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from maxtext_netdata.data import remote, ripe_json
 from maxtext_netdata.errors import DataError
@@ -86,8 +87,8 @@ def _plain_line_blocks(uri: str, raw, block_bytes: int, progress):
   """Blocks of a plain JSON-lines input: Arrow buffers read straight from the file.
 
   Each block ends after its last newline and the next read starts there (a seek back), so
-  no partial line is carried and copied into the next block: one copy from the file, none
-  after (2x the speed of reading and joining at 16 MB blocks).
+  no partial line is carried and copied into the next block: one copy from the file (none
+  from a memory map), none after (2x the speed of reading and joining at 16 MB blocks).
   """
   line, position, size = 1, 0, block_bytes
   while True:
@@ -123,7 +124,13 @@ def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
   lines are read by `_plain_line_blocks`.
   """
   codec = _CODECS.get(os.path.splitext(entry.uri)[1].lower())
-  raw = remote.open_input_file(entry, options)
+  fs, path = remote.filesystem(entry.uri, options)
+  if not codec and isinstance(fs, pafs.LocalFileSystem):
+    # Mapped, a local file's blocks are views of the page cache: no copy at all (a read
+    # copied every byte once: ~10% of ingest's time on plain JSON lines).
+    raw = remote.storage_call(lambda: pa.memory_map(path), uri=entry.uri, what="open")
+  else:
+    raw = remote.open_input_file(entry, options)
   if not codec:
     try:
       head = raw.read(4096)

@@ -23,23 +23,16 @@ import pyarrow.compute as pc
 from maxtext_netdata.data import ripe_json
 from maxtext_netdata.data.ripe_scan_kernel import (
   BLANK,
-  DST_S,
   HANDED,
-  MSM_C,
   OTHER,
   PING,
-  PRB_C,
-  PRB_OK_C,
-  RTT_S,
-  SRC_S,
-  TS_C,
-  VER_C,
+  columns_of,
   scan_block,
-  texts_of,
 )
 
 __all__ = ["BLANK", "HANDED", "OTHER", "PING", "rows_of_block", "scan"]
 _MAX_RUNS = 8
+_TIME = ripe_json.ROW_SCHEMA.field("event_time").type
 
 
 def _bytes_of(data) -> np.ndarray:
@@ -50,27 +43,37 @@ def _bytes_of(data) -> np.ndarray:
   return buf
 
 
-def _strings(buf, rows, start_column, failed=False) -> pa.Array:
-  offsets, data, valid = texts_of(buf, rows, start_column, failed)
-  nulls = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-  array = pa.LargeStringArray.from_buffers(
-    len(valid), pa.py_buffer(offsets), pa.py_buffer(data), nulls
-  )
-  return array.cast(pa.string())
+def _bitmap(valid: np.ndarray) -> pa.Buffer | None:
+  return None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
 
 
 def _table(texts: np.ndarray, rows: np.ndarray) -> pa.Table:
-  """ROW_SCHEMA rows of a `scan_block` rows array and its texts."""
-  prb_ok = rows[:, PRB_OK_C].astype(bool)
+  """ROW_SCHEMA rows of a `scan_block` rows array and its texts.
+
+  Arrow takes `columns_of`'s arrays as they are (no copy, no cast of offsets).
+  """
+  if len(texts) + 2 * len(rows) >= 2**31:  # int32 string offsets (blocks are far smaller)
+    raise ValueError(f"{len(texts):,} bytes of text in one block: too many for its columns")
+  msm, ts, prb, prb_ok, version, offsets, data, valid = columns_of(texts, rows)
+  m, data = len(rows), pa.py_buffer(data)
+  strings, start = [], 0
+  for c in range(3):
+    end = start + int(offsets[c, m])
+    strings.append(
+      pa.StringArray.from_buffers(
+        m, pa.py_buffer(offsets[c]), data.slice(start, end - start), _bitmap(valid[c])
+      )
+    )
+    start = end
   return pa.table(
     [
-      pa.array(rows[:, MSM_C]),
-      pa.array(rows[:, TS_C]).cast(ripe_json.ROW_SCHEMA.field("event_time").type),
-      _strings(texts, rows, SRC_S),
-      _strings(texts, rows, DST_S),
-      pa.array(rows[:, VER_C]),
-      pc.cast(_strings(texts, rows, RTT_S, failed=True), pa.float64()),
-      pa.array(rows[:, PRB_C], mask=None if prb_ok.all() else ~prb_ok),
+      pa.array(msm),
+      pa.Array.from_buffers(_TIME, m, [None, pa.py_buffer(ts)]),
+      strings[0],
+      strings[1],
+      pa.array(version),
+      pc.cast(strings[2], pa.float64()),
+      pa.Array.from_buffers(pa.int64(), m, [_bitmap(prb_ok), pa.py_buffer(prb)]),
     ],
     schema=ripe_json.ROW_SCHEMA,
   )
