@@ -363,7 +363,8 @@ def generate(
         table = _piece_table(world, stream[keep], when[keep], rng, with_probe=fmt != "parquet")
         if fmt == "parquet":
           if writer is None:
-            writer = pq.ParquetWriter(tmp, table.schema)
+            # Page checksums let a reader tell a flipped bit from data (prepare verifies them).
+            writer = pq.ParquetWriter(tmp, table.schema, write_page_checksum=True)
           writer.write_table(table, row_group_size=ROW_GROUP_SIZE)
         else:
           if writer is None:

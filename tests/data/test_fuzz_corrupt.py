@@ -60,8 +60,11 @@ def _corpus(base: str, folder: str, seed: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory) -> str:
+  """The generated rows as written by a writer without page checksums (generate writes them)."""
   folder = str(tmp_path_factory.mktemp("generated"))
-  return generate(folder, rows=6_000, shards=1, seed=3, progress=False)[0]
+  path = generate(folder, rows=6_000, shards=1, seed=3, progress=False)[0]
+  pq.write_table(pq.read_table(path), path, write_page_checksum=False)
+  return path
 
 
 @pytest.fixture(scope="module")

@@ -185,3 +185,15 @@ def test_ripe_json_is_one_result_per_row_and_deterministic(tmp_path, capsys):
   failed = [r["result"][0] for r in results if r["avg"] == -1]
   kinds = collections.Counter(next(iter(p)) for p in failed)
   assert kinds["x"] > 0 and kinds["error"] > 0 and set(kinds) == {"x", "error"}
+
+
+def test_a_flipped_bit_in_a_data_page_is_caught_by_its_checksum(tmp_path):
+  path = generate(str(tmp_path), rows=5_000, shards=1, seed=1, progress=False)[0]
+  column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+  data = bytearray(open(path, "rb").read())
+  # Into the page's body, past its header: the value bytes the checksum covers.
+  data[column.data_page_offset + column.total_compressed_size - 8] ^= 0x10
+  with open(path, "wb") as f:
+    f.write(data)
+  with pytest.raises(OSError, match="CRC checksum verification failed"):
+    pq.read_table(path, page_checksum_verification=True)
