@@ -56,7 +56,10 @@ for _k, _name in enumerate(_TOP):
 assert len({(len(k), k[0]) for k in _TOP}) == len(_TOP)
 _N_KEYS = len(_TOP)
 # Columns of the rows array `scan_block` fills: a row's integers, then (start, length) of its
-# texts in the block (length -1: null; an rtt of length 0 is a failed packet).
+# src, dst and rtt texts in rows 0, 1, 2 of its `texts` (length -1: null; an rtt of length 0
+# is a failed packet, its text there "-1"). Each column's texts follow one another in row
+# order with nothing between them (a result's src and dst are copied for each of its rows):
+# a slice of rows has its texts in one piece of each.
 MSM_C, TS_C, PRB_C, PRB_OK_C, VER_C, SRC_S, SRC_L, DST_S, DST_L, RTT_S, RTT_L = range(11)
 _COLUMNS = 11
 
@@ -163,19 +166,26 @@ def _packets(buf, i, n, rows, m, stack):
 
 
 @js.inline
-def _copy(buf, start, length, texts, at):
-  """Copy a text of the line into `texts` at `at[0]` (moved on); its position there."""
-  a = at[0]
+def _copy(buf, start, length, texts, at, c):
+  """Copy a text of the line into `texts[c]` at `at[c]` (moved on); its position there.
+
+  A failed packet's rtt (c 2, length 0) is written as "-1".
+  """
+  a = at[c]
+  if c == 2 and length == 0:
+    texts[c, a], texts[c, a + 1] = 45, 49
+    at[c] = a + 2
+    return a
   for j in range(length):
-    texts[a + j] = buf[start + j]
-  at[0] = a + max(length, 0)
+    texts[c, a + j] = buf[start + j]
+  at[c] = a + max(length, 0)
   return a
 
 
 @js.helper
 def _line(buf, p, n, rows, m, stack, ints, spans, texts, at):
   """Read the line at `p`: (kind, new m, duplicates, a position in the line past which
-  only its newline may come); `_FULL` as kind if `rows` is full.
+  only its newline may come); `_FULL` as kind if `rows` or `texts` is full.
 
   A ping result's texts are copied into `texts` while the line is in cache (gathering them
   from the block later missed the cache on every row: 3x slower).
@@ -269,19 +279,22 @@ def _line(buf, p, n, rows, m, stack, ints, spans, texts, at):
       version = _version(buf, spans[src, 0], spans[src, 1])
   if version != 4 and version != 6:
     return HANDED, first, 0, i
-  src_at = _copy(buf, spans[src, 0], spans[src, 1], texts, at)
-  dst_at = _copy(buf, spans[dst, 0], spans[dst, 1], texts, at)
+  packets, room = m - first, texts.shape[1]
+  if (
+    at[0] + packets * max(spans[src, 1], 0) > room or at[1] + packets * max(spans[dst, 1], 0) > room
+  ):
+    return _FULL, first, 0, p
   for r in range(first, m):
     rows[r, MSM_C] = ints[_MSM]
     rows[r, TS_C] = ints[_TS]
     rows[r, PRB_C] = ints[_PRB]
     rows[r, PRB_OK_C] = spans[_PRB, 1] >= 0
     rows[r, VER_C] = version
-    rows[r, SRC_S] = src_at
+    rows[r, SRC_S] = _copy(buf, spans[src, 0], spans[src, 1], texts, at, 0)
     rows[r, SRC_L] = spans[src, 1]
-    rows[r, DST_S] = dst_at
+    rows[r, DST_S] = _copy(buf, spans[dst, 0], spans[dst, 1], texts, at, 1)
     rows[r, DST_L] = spans[dst, 1]
-    rows[r, RTT_S] = _copy(buf, rows[r, RTT_S], rows[r, RTT_L], texts, at)
+    rows[r, RTT_S] = _copy(buf, rows[r, RTT_S], rows[r, RTT_L], texts, at, 2)
   return PING, m, dups, i
 
 
@@ -327,15 +340,19 @@ def scan_block(buf, lines):
   """Each line's kind (BLANK, PING, OTHER, HANDED), its start, its first row, and the rows.
 
   Returns (kinds[lines], starts[lines + 1], first_rows[lines + 1], rows[m, _COLUMNS], dups,
-  texts): the rows' texts are (start, length) in `texts`.
+  texts[3, len(buf)]): the rows' texts are (start, length) in `texts`, row 0 the src
+  texts, 1 the dst texts, 2 the rtt texts (see `MSM_C`).
   """
   n = len(buf)
   kinds = np.zeros(lines, np.int8)
   starts = np.empty(lines + 1, np.int64)
   first_rows = np.empty(lines + 1, np.int64)
   rows = np.empty((lines * 2 + 16, _COLUMNS), np.int64)
-  texts = np.empty(n, np.uint8)  # a line's texts are parts of it: the block's size bounds all
-  at = np.zeros(1, np.int64)
+  # A line's texts are parts of it: the block's size bounds the rtts (a failed packet's "-1"
+  # replaces at least "{}" of it), and the src and dst texts unless results of many packets
+  # repeat long ones (then it grows, as `rows` does). Pages never written are not mapped in.
+  texts = np.empty((3, n), np.uint8)
+  at = np.zeros(3, np.int64)
   stack = np.empty(js.MAX_DEPTH, np.uint8)
   ints = np.zeros(_N_KEYS, np.int64)  # integer fields, by key index
   spans = np.zeros((_N_KEYS, 2), np.int64)  # text fields: (start, length), -1: null
@@ -363,55 +380,59 @@ def scan_block(buf, lines):
     bigger = np.empty((2 * rows.shape[0], _COLUMNS), np.int64)  # full: grown, line read again
     bigger[:m] = rows[:m]
     rows = bigger
+    wider = np.empty((3, max(2 * texts.shape[1], 64)), np.uint8)
+    for c in range(3):
+      wider[c, : at[c]] = texts[c, : at[c]]
+    texts = wider
   starts[lines], first_rows[lines] = min(p, n), m
-  return kinds, starts, first_rows, rows[:m], dups, texts[: at[0]]
-
-
-@js.inline
-def _put(texts, start, length, data, at, failed):
-  """Copy a (start, length) text of `texts` into `data` at `at`; the position after it.
-
-  With `failed`, a length of 0 (a failed packet) is written as "-1"; -1 (null) writes nothing.
-  """
-  if failed and length == 0:
-    data[at], data[at + 1] = 45, 49
-    return at + 2
-  for j in range(length):
-    data[at + j] = texts[start + j]
-  return at + max(length, 0)
+  return kinds, starts, first_rows, rows[:m], dups, texts
 
 
 @numba.njit(cache=True, nogil=True)
 def columns_of(texts, rows):
-  """The columns of a `scan_block` rows array, each contiguous, for Arrow to take as they are.
+  """The columns of a `scan_block` rows array (or a slice of one), each contiguous, for Arrow
+  to take as they are.
 
   Returns (msm, ts, prb, prb_ok, version, offsets, data, valid): the integer columns; for the
   src, dst and rtt texts (c = 0, 1, 2) int32 Arrow offsets[c] and validity valid[c], their
   bytes one column after another in `data`, each column's offsets counting from its own
-  start. A failed packet's rtt (length 0) is "-1". Two passes over `rows` (one per column
-  read each 88-byte row again: 11 passes cost as much as writing the parquet). The caller
-  keeps the texts' total under 2**31.
+  start. One pass over `rows` (one per column read each 88-byte row again: 11 passes cost as
+  much as writing the parquet), then one copy of each column's texts, already in one piece.
+  The caller keeps the texts' total under 2**31.
   """
   m = rows.shape[0]
   msm, ts, prb = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64)
   prb_ok, version = np.empty(m, np.bool_), np.empty(m, np.int64)
   offsets = np.empty((3, m + 1), np.int32)
   valid = np.empty((3, m), np.bool_)
-  src, dst, rtt = 0, 0, 0  # running totals in scalars, not an array LLVM must reload
+  firsts = np.zeros(3, np.int64)
+  if m:
+    firsts[0], firsts[1], firsts[2] = rows[0, SRC_S], rows[0, DST_S], rows[0, RTT_S]
+  src, dst, rtt = firsts[0], firsts[1], firsts[2]  # scalars: kept in registers
   for r in range(m):
     msm[r], ts[r], prb[r] = rows[r, MSM_C], rows[r, TS_C], rows[r, PRB_C]
     prb_ok[r], version[r] = rows[r, PRB_OK_C] != 0, rows[r, VER_C]
-    offsets[0, r], offsets[1, r], offsets[2, r] = src, dst, rtt
-    src_l, dst_l, rtt_l = rows[r, SRC_L], rows[r, DST_L], rows[r, RTT_L]
-    valid[0, r], valid[1, r], valid[2, r] = src_l >= 0, dst_l >= 0, rtt_l >= 0
-    src += max(src_l, 0)
-    dst += max(dst_l, 0)
-    rtt += 2 if rtt_l == 0 else max(rtt_l, 0)
-  offsets[0, m], offsets[1, m], offsets[2, m] = src, dst, rtt
-  data = np.empty(src + dst + rtt, np.uint8)
-  src, dst, rtt = 0, src, src + dst
-  for r in range(m):
-    src = _put(texts, rows[r, SRC_S], rows[r, SRC_L], data, src, False)
-    dst = _put(texts, rows[r, DST_S], rows[r, DST_L], data, dst, False)
-    rtt = _put(texts, rows[r, RTT_S], rows[r, RTT_L], data, rtt, True)
+    offsets[0, r] = rows[r, SRC_S] - src
+    offsets[1, r] = rows[r, DST_S] - dst
+    offsets[2, r] = rows[r, RTT_S] - rtt
+    valid[0, r], valid[1, r], valid[2, r] = (
+      rows[r, SRC_L] >= 0,
+      rows[r, DST_L] >= 0,
+      rows[r, RTT_L] >= 0,
+    )
+  ends = firsts.copy()
+  if m:
+    ends[0] = rows[m - 1, SRC_S] + max(rows[m - 1, SRC_L], 0)
+    ends[1] = rows[m - 1, DST_S] + max(rows[m - 1, DST_L], 0)
+    ends[2] = rows[m - 1, RTT_S] + max(rows[m - 1, RTT_L], 2 if rows[m - 1, RTT_L] == 0 else 0)
+  total = 0
+  for c in range(3):
+    offsets[c, m] = ends[c] - firsts[c]
+    total += ends[c] - firsts[c]
+  data = np.empty(total, np.uint8)
+  at = 0
+  for c in range(3):
+    length = ends[c] - firsts[c]
+    data[at : at + length] = texts[c, firsts[c] : ends[c]]
+    at += length
   return msm, ts, prb, prb_ok, version, offsets, data, valid

@@ -276,3 +276,19 @@ def test_plain_lines_read_in_place_give_the_rows_of_the_same_lines_compressed(tm
     outs.append((pq.read_table(glob.glob(f"{out}/*.parquet")[0]), summary.counts))
   assert outs[0][0].equals(outs[1][0]) and outs[0][1] == outs[1][1]
   assert outs[0][1].results == 42 and outs[0][0].num_rows > 42
+
+
+def test_results_of_many_packets_with_long_addresses_give_the_reference_rows():
+  # A result's src and dst are written once per row: 300 packets repeat a 39-character
+  # IPv6 address 300 times, more than the line's bytes (the scanner's text buffer grows).
+  src, dst = "2001:0db8:85a3:0000:0000:8a2e:0370:7334", "2001:0db8:85a3:0000:0000:8a2e:0370:7335"
+  packets = [{"x": "*"} if i % 3 == 2 else {"rtt": 1.5 + i} for i in range(300)]
+  many = dict(msm_id=7, timestamp=T0, af=6, prb_id=9, type="ping", result=packets)
+  lines = [
+    json.dumps(dict(many, **{"from": src, "dst_addr": dst}), separators=(",", ":")).encode(),
+    json.dumps(dict(many, timestamp=T0 + 1, src_addr=dst, addr=src)).encode(),
+  ]
+  kinds = _check_taken_lines(lines)
+  assert (kinds == ripe_scan.PING).all()
+  for line in lines:  # alone in its block too: the buffer starts at the line's size
+    _check_taken_lines([line])
