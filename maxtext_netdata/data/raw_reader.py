@@ -123,8 +123,10 @@ def _joined(tables: list[pa.Table]) -> pa.Table:
 def read_partitioned(entry, metadata, options, *, buckets, hashed, skip_bad, report, on_rows=None):
   """(bucket, shards.Chunk) of every valid row of one file; counts rows in `report`."""
   for table, first_row in _coalesced(_tables(entry, metadata, options)):
+    # Every batch of `table` passed `check_decoded` in `_tables`, and `_joined` keeps
+    # indices within the joined dictionary, so the joined table is not validated again.
     columns, skipped = schema.validate_table(
-      table, source=entry.uri, row_offset=first_row, skip_bad=skip_bad
+      table, source=entry.uri, row_offset=first_row, skip_bad=skip_bad, decoded_checked=True
     )
     report.rows_read += table.num_rows
     report.skipped.merge(skipped)

@@ -135,10 +135,22 @@ def _timestamp_seconds(column: pa.ChunkedArray) -> np.ndarray:
 
 
 def validate_table(
-  table: pa.Table, *, source: str, row_offset: int = 0, skip_bad: bool = False
+  table: pa.Table,
+  *,
+  source: str,
+  row_offset: int = 0,
+  skip_bad: bool = False,
+  decoded_checked: bool = False,
 ) -> tuple[RawColumns, SkipReport]:
-  """Validate and convert one table (a file or a row group of one); `check_decoded` first."""
-  check_decoded(table, source=source, row_offset=row_offset)
+  """Validate and convert one table (a file or a row group of one); `check_decoded` first.
+
+  `decoded_checked`: the caller has already passed every piece of `table` through
+  `check_decoded` and built `table` from those pieces only by means that keep it well-formed
+  (`raw_reader` checks each decoded batch, then joins batches); the full validation is then
+  not run a second time over the same bytes.
+  """
+  if not decoded_checked:
+    check_decoded(table, source=source, row_offset=row_offset)
   report = SkipReport()
   n = table.num_rows
   rows = np.arange(row_offset, row_offset + n, dtype=np.int64)
