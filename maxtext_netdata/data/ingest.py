@@ -224,6 +224,8 @@ def ingest(
   file and line) and for input holding no ping row; `out_dir` then has no `.complete`.
   """
   started = time.perf_counter()
+  if scan:
+    ripe_scan.load()
   options = storage_options()
   entries = remote.expand_all(inputs, options)
   os.makedirs(out_dir, exist_ok=True)

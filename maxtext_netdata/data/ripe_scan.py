@@ -16,6 +16,9 @@ numbers and row order kept); a block with more than `_MAX_RUNS` runs goes to it 
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,7 +33,7 @@ from maxtext_netdata.data.ripe_scan_kernel import (
   scan_block,
 )
 
-__all__ = ["BLANK", "HANDED", "OTHER", "PING", "rows_of_block", "scan"]
+__all__ = ["BLANK", "HANDED", "OTHER", "PING", "load", "rows_of_block", "scan"]
 _MAX_RUNS = 8
 _TIME = ripe_json.ROW_SCHEMA.field("event_time").type
 
@@ -77,6 +80,36 @@ def _table(texts: np.ndarray, rows: np.ndarray) -> pa.Table:
     ],
     schema=ripe_json.ROW_SCHEMA,
   )
+
+
+_SAMPLE = (
+  b'{"type":"ping","af":4,"from":"192.0.2.1","src_addr":"10.0.0.1","dst_addr":"198.51.100.1",'
+  b'"timestamp":1700000000,"msm_id":1,"prb_id":1,"result":[{"rtt":1.5},{"x":"*"}]}\n'
+)
+
+
+def load(notice_after_s: float = 2.0) -> None:
+  """Compiles or loads the scanner's kernels before the first block is read.
+
+  The first use on a machine compiles them (about a minute; numba caches the result), which
+  would otherwise look like a stalled progress bar: when this takes longer than
+  `notice_after_s`, one line on stderr says why.
+  """
+  notice = threading.Timer(
+    notice_after_s,
+    print,
+    (
+      "ingest: compiling the JSON scanner (its first use on this machine, about a minute;"
+      " cached for later runs)",
+    ),
+    {"file": sys.stderr, "flush": True},
+  )
+  notice.daemon = True
+  notice.start()
+  try:
+    rows_of_block(ripe_json.Block(_SAMPLE, 1, 1, "line"), "(sample)", ripe_json.Counts(), False)
+  finally:
+    notice.cancel()
 
 
 def scan(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
