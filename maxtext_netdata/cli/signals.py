@@ -6,13 +6,15 @@ exception raised inside a `__del__` method or a `weakref.finalize` callback is p
 training loop with Grain workers spends enough time in finalizers for this to matter (Grain
 frees each shared-memory batch in `SharedMemoryArray.__del__`): about one Ctrl-C in eight to
 a training run was lost that way. The handlers here raise only outside a finalizer; inside one
-they send the signal again a moment later, to be raised at the next safe point. Our own code,
-not a library's: the standard handlers have no such check and no kept library offers one.
+they send the signal again a moment later (to the main thread, at a random moment within
+20 ms), to be raised at the next safe point. Our own code, not a library's: the standard
+handlers have no such check and no kept library offers one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import signal
 import threading
 
@@ -44,7 +46,13 @@ def _in_finalizer(frame) -> bool:
 
 def _raise(signum: int, frame) -> None:
   if _in_finalizer(frame):
-    retry = threading.Timer(_RETRY_S, signal.raise_signal, (signum,))
+    # Sent to the main thread, the signal ends a sleep at once; at a random moment, so a loop
+    # that spends most of its time in finalizers cannot keep meeting it in one in lock-step.
+    retry = threading.Timer(
+      random.uniform(0, 2 * _RETRY_S),
+      signal.pthread_kill,
+      (threading.main_thread().ident, signum),
+    )
     retry.daemon = True
     retry.start()
     return

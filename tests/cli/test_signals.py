@@ -8,10 +8,11 @@ time in `__del__`; every signal must still end its round.
 
 from __future__ import annotations
 
-import select
+import queue
 import signal
 import subprocess
 import sys
+import threading
 
 from process_helpers import REPO
 
@@ -37,13 +38,25 @@ for _ in range(int(sys.argv[1])):
 """
 
 
-def _line(proc: subprocess.Popen, timeout: float) -> str:
-  ready, _, _ = select.select([proc.stdout], [], [], timeout)
-  return proc.stdout.readline().strip() if ready else "(nothing)"
+def _lines(proc: subprocess.Popen) -> queue.Queue:
+  """The lines `proc` prints, as they come (a reader thread: a select on the pipe would miss a
+  line already in the reader's buffer when two arrive together)."""
+  lines = queue.Queue()
+  threading.Thread(
+    target=lambda: [lines.put(line.strip()) for line in proc.stdout], daemon=True
+  ).start()
+  return lines
+
+
+def _line(lines: queue.Queue, timeout: float) -> str:
+  try:
+    return lines.get(timeout=timeout)
+  except queue.Empty:
+    return "(nothing)"
 
 
 def test_each_signal_ends_its_round_though_most_land_in_a_finalizer():
-  rounds = [signal.SIGINT, signal.SIGTERM] * 4
+  rounds = [signal.SIGINT, signal.SIGTERM] * 8
   proc = subprocess.Popen(
     [sys.executable, "-c", _SCRIPT, str(len(rounds))],
     cwd=REPO,
@@ -51,13 +64,14 @@ def test_each_signal_ends_its_round_though_most_land_in_a_finalizer():
     text=True,
     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
   )
+  lines = _lines(proc)
   try:
     seen = []
     for signum in rounds:
-      assert _line(proc, 30) == "ready"
+      assert _line(lines, 30) == "ready"
       proc.send_signal(signum)
-      seen.append(_line(proc, 5))
-    assert seen == ["interrupted", "terminated"] * 4
+      seen.append(_line(lines, 5))
+    assert seen == ["interrupted", "terminated"] * 8
     assert proc.wait(timeout=10) == 0
   finally:
     proc.kill()
