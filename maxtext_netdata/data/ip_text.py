@@ -74,6 +74,22 @@ def _hex(ch):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _close_gap(out, k, tp, colonp):
+  """The end of inet_pton6: the `tp` bytes read into out[k], with "::" at byte `colonp` (-1:
+  none), moved apart so the gap is zeros; whether that makes exactly 16 bytes."""
+  if colonp >= 0:
+    if tp == 16:
+      return False
+    n = tp - colonp
+    for i in range(n):
+      out[k, 15 - i] = out[k, tp - 1 - i]
+    for i in range(colonp, 16 - n):
+      out[k, i] = 0
+    tp = 16
+  return tp == 16
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _pton6(data, start, stop, out, k):
   """glibc's inet_pton6 of the non-empty data[start:stop] into out[k]; whether it is valid."""
   src = start
@@ -124,16 +140,7 @@ def _pton6(data, start, stop, out, k):
     out[k, tp] = val >> 8
     out[k, tp + 1] = val & 0xFF
     tp += 2
-  if colonp >= 0:
-    if tp == 16:
-      return False
-    n = tp - colonp
-    for i in range(n):
-      out[k, 15 - i] = out[k, tp - 1 - i]
-    for i in range(colonp, 16 - n):
-      out[k, i] = 0
-    tp = 16
-  return tp == 16
+  return _close_gap(out, k, tp, colonp)
 
 
 _HEX = np.full(256, -1, np.int64)
@@ -196,16 +203,7 @@ def _fast6(data, start, stop, out, k):
     tp += 2
   if bad:
     return False
-  if colonp >= 0:
-    if tp == 16:
-      return False
-    n = tp - colonp
-    for i in range(n):
-      out[k, 15 - i] = out[k, tp - 1 - i]
-    for i in range(colonp, 16 - n):
-      out[k, i] = 0
-    tp = 16
-  return tp == 16
+  return _close_gap(out, k, tp, colonp)
 
 
 @numba.njit(cache=True, nogil=True)
