@@ -31,9 +31,6 @@ import pyarrow.compute as pc
 from maxtext_netdata.data import probes, schema, store
 from maxtext_netdata.format import tokenizer
 
-# The hash that orders probes, buckets and the probe split (module doc); computed in `probes`.
-probe_hashes = probes.probe_hashes
-
 # Rows of one bucket at most (the memory budget may ask for fewer): the sort's cost per row
 # grows with the arrays' size (cache misses), so small buckets are also faster.
 MAX_BUCKET_ROWS = 1 << 21

@@ -19,7 +19,7 @@ import pytest
 from pipeline_helpers import store_config, store_files
 
 from maxtext_netdata import config
-from maxtext_netdata.data import assemble, prepare, shards, store
+from maxtext_netdata.data import assemble, prepare, probes, shards, store
 from maxtext_netdata.data.generate import generate
 
 
@@ -53,7 +53,7 @@ def test_bucket_count_does_not_change_the_store(tmp_path, raw_files, monkeypatch
     assert one.eval.num_rows == 0 and one.eval.num_probes == 0
   # Probes follow their hash through the buckets: the store is in one global order.
   keys = np.concatenate([one.train.probe_version[:, None], one.train.probe_src], axis=1)
-  assert (np.diff(shards.probe_hashes(keys).astype(np.float64)) >= 0).all()
+  assert (np.diff(probes.probe_hashes(keys).astype(np.float64)) >= 0).all()
   assert not glob.glob(str(tmp_path / "*" / ".*"))  # no spill, pieces or lock left
 
 

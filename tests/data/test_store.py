@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from maxtext_netdata.data import schema, shards, store
+from maxtext_netdata.data import probes, schema, shards, store
 from maxtext_netdata.errors import DataError
 
 
@@ -47,7 +47,7 @@ def build(order, chunks=1, hashed=False):
 
 
 def key_hash(version, address_bytes):
-  return shards.probe_hashes(np.array([[version, *address_bytes]], np.uint8))[0]
+  return probes.probe_hashes(np.array([[version, *address_bytes]], np.uint8))[0]
 
 
 def test_rows_are_grouped_by_probe_and_sorted_whatever_the_input_order():
@@ -392,7 +392,7 @@ def test_probes_with_colliding_hashes_stay_apart_ordered_by_key():
   distinct = rng.integers(0, 256, (50, 17), dtype=np.uint8)
   keys = distinct[rng.integers(0, 50, 2_000)]
   for collide in (False, True):
-    hashes = shards.probe_hashes(keys)
+    hashes = probes.probe_hashes(keys)
     if collide:
       hashes[keys[:, 1] < 128] = hashes[0]
     rank, probe_keys, probe_hash = shards._probe_ranks(keys, hashes)
