@@ -6,7 +6,7 @@ ignored, and Python then never raises KeyboardInterrupt) and samples the /dev/sh
 session's processes open or map while it runs: other processes on the machine create and remove
 /dev/shm entries too, so a plain before/after count of the folder would blame them.
 `finish(proc, shm_before)` waits for it and asserts that no process of the session and no
-/dev/shm entry it used is left.
+/dev/shm entry it used is left. `train_argv` is the tiny training run these tests start.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +22,41 @@ from pathlib import Path
 import psutil
 import pytest
 
+# A model small enough that a CPU step takes milliseconds.
+TINY_TRAINER = [
+  "base_num_decoder_layers=1",
+  "base_emb_dim=32",
+  "base_num_query_heads=2",
+  "base_num_kv_heads=2",
+  "head_dim=16",
+  "base_mlp_dim=64",
+  "max_target_length=128",
+  "per_device_batch_size=4",
+  "learning_rate_schedule_steps=100",
+]
+
 REPO = Path(__file__).resolve().parents[1]
+
+
+def train_overrides(sample_dir, out: Path, run_name: str, steps: int, workers: int) -> list[str]:
+  """`maxtext-netdata train configs/smoke.yml` overrides: the tiny model on the sample data,
+  writing under `out` (the store beside it), no eval, no periodic checkpoint."""
+  return [
+    f"grain_train_files={sample_dir}/*.parquet",
+    f"base_output_directory={out}",
+    f"network_prepared_dir={out.parent}/prepared",
+    f"run_name={run_name}",
+    f"steps={steps}",
+    f"grain_worker_count={workers}",
+    "eval_interval=-1",
+    "checkpoint_period=100000",
+    "enable_tensorboard=false",
+    *TINY_TRAINER,
+  ]
+
+
+def train_argv(overrides: list[str]) -> list[str]:
+  return [sys.executable, "-m", "maxtext_netdata", "train", "configs/smoke.yml", *overrides]
 
 
 def start(argv: list[str], jax_cache: str) -> subprocess.Popen:

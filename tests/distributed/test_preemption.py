@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import sys
 import time
 
 import portpicker
@@ -22,38 +21,12 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-TINY = [
-  "base_num_decoder_layers=1",
-  "base_emb_dim=32",
-  "base_num_query_heads=2",
-  "base_num_kv_heads=2",
-  "head_dim=16",
-  "base_mlp_dim=64",
-  "max_target_length=128",
-  "per_device_batch_size=4",
-  "learning_rate_schedule_steps=100",
-]
-
 
 def test_sigterm_to_one_process_stops_both_after_the_same_step(tmp_path, sample_dir):
   out = tmp_path / "runs"
-  argv = [
-    sys.executable,
-    "-m",
-    "maxtext_netdata",
-    "train",
-    "configs/smoke.yml",
-    f"grain_train_files={sample_dir}/*.parquet",
-    f"base_output_directory={out}",
-    f"network_prepared_dir={tmp_path}/prepared",
-    "run_name=preempted",
-    "steps=100000",
-    "grain_worker_count=1",
-    "eval_interval=-1",
-    "checkpoint_period=100000",
-    "enable_tensorboard=false",
-    *TINY,
-  ]
+  argv = process_helpers.train_argv(
+    process_helpers.train_overrides(sample_dir, out, "preempted", 100000, workers=1)
+  )
   port = portpicker.pick_unused_port()
   shm = set(os.listdir("/dev/shm"))
   procs = []

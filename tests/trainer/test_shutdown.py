@@ -19,18 +19,6 @@ import process_helpers
 import psutil
 import pytest
 
-TINY = [
-  "base_num_decoder_layers=1",
-  "base_emb_dim=32",
-  "base_num_query_heads=2",
-  "base_num_kv_heads=2",
-  "head_dim=16",
-  "base_mlp_dim=64",
-  "max_target_length=128",
-  "per_device_batch_size=4",
-  "learning_rate_schedule_steps=100",
-]
-
 pytestmark = pytest.mark.slow
 
 
@@ -40,22 +28,10 @@ def jax_cache(tmp_path_factory) -> str:
 
 
 def _overrides(sample_dir, out: Path, run_name: str, steps: int) -> list[str]:
-  return [
-    f"grain_train_files={sample_dir}/*.parquet",
-    f"base_output_directory={out}",
-    f"network_prepared_dir={out.parent}/prepared",
-    f"run_name={run_name}",
-    f"steps={steps}",
-    "grain_worker_count=2",
-    "eval_interval=-1",
-    "checkpoint_period=100000",
-    "enable_tensorboard=false",
-    *TINY,
-  ]
+  return process_helpers.train_overrides(sample_dir, out, run_name, steps, workers=2)
 
 
-def _train_argv(overrides: list[str]) -> list[str]:
-  return [sys.executable, "-m", "maxtext_netdata", "train", "configs/smoke.yml", *overrides]
+_train_argv = process_helpers.train_argv
 
 
 def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 180):
