@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxtext_netdata.data import probes, schema, store
+from maxtext_netdata.data import probes, row_kernels, schema, store
 from maxtext_netdata.format import tokenizer
 
 # Rows of one bucket at most (the memory budget may ask for fewer): the sort's cost per row
@@ -111,7 +111,7 @@ def _names(hashed: bool) -> list[str]:
 def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
   """(bucket, chunk) of each bucket that rows of this validated batch fall in."""
   probe, table, hashes = probes.batch_probes(columns)
-  rtt_bytes, failed = tokenizer.rtt_bytes(columns.rtt)
+  rtt_bytes, failed = row_kernels.rtt_payload(columns.rtt)  # tokenizer.rtt_bytes, compiled
   data = {
     "dst": columns.dst,
     "seconds": columns.seconds,
@@ -126,13 +126,10 @@ def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tu
   probe_bucket = bucket_of(hashes, buckets)
   if (probe_bucket == probe_bucket[0]).all() if len(table) else True:
     return [(int(probe_bucket[0]) if len(table) else 0, Chunk(table, hashes, probe, data))]
-  row_bucket = probe_bucket[probe].astype(np.uint16 if buckets < 2**16 else np.int64)
-  order = np.argsort(row_bucket, kind="stable")
-  bounds = np.concatenate([[0], np.cumsum(np.bincount(row_bucket, minlength=buckets))])
+  order, bounds = row_kernels.counting_order(probe_bucket[probe], buckets)
   # Each probe's number within its bucket, for all buckets at once (per bucket, a pass over
   # every probe of the batch cost buckets x probes: ~100 x 50k per batch at 200M rows).
-  probe_order = np.argsort(probe_bucket, kind="stable")
-  probe_bounds = np.concatenate([[0], np.cumsum(np.bincount(probe_bucket, minlength=buckets))])
+  probe_order, probe_bounds = row_kernels.counting_order(probe_bucket, buckets)
   local = np.empty(len(table), dtype=np.int32)
   local[probe_order] = np.arange(len(table)) - probe_bounds[probe_bucket[probe_order]]
   row_local = local[probe]
@@ -289,11 +286,9 @@ def row_order(probe: np.ndarray, columns: dict) -> np.ndarray:
   if n == 0:
     return np.zeros(0, dtype=np.int64)
   # Dumps are sorted by time and listed in time order, so a stable sort by probe alone
-  # usually leaves each probe's rows in time order; numpy radix-sorts 16-bit keys.
-  small = probe.astype(np.uint16) if int(probe.max()) < 2**16 else probe
-  perm = np.argsort(small, kind="stable")
-  del small
-  tie = _ties(probe, seconds, perm)
+  # usually leaves each probe's rows in time order.
+  perm, _ = row_kernels.counting_order(probe, int(probe.max()) + 1)
+  tie = row_kernels.ties(probe, seconds, perm)
   if tie is None:  # not time-ordered within a probe: sort by (probe, seconds)
     span = int(seconds.max()) - int(seconds.min())
     if int(probe.max()) < 2**29 and span < 2**34:
@@ -302,8 +297,9 @@ def row_order(probe: np.ndarray, columns: dict) -> np.ndarray:
       del key
     else:
       perm = np.lexsort((seconds, probe))
-    tie = _ties(probe, seconds, perm)
-  if not tie.any():
+    tie = row_kernels.ties(probe, seconds, perm)
+  tie, count = tie
+  if not count:
     return perm
   in_tie = np.zeros(n, dtype=bool)
   in_tie[1:] |= tie
@@ -324,17 +320,6 @@ def row_order(probe: np.ndarray, columns: dict) -> np.ndarray:
   order = pc.sort_indices(table, sort_keys=[(str(i), "ascending") for i in range(len(keys))])
   perm[where] = rows[order.to_numpy()]
   return perm
-
-
-def _ties(probe: np.ndarray, seconds: np.ndarray, perm: np.ndarray) -> np.ndarray | None:
-  """bool [N-1]: row i+1 of `perm` has the same (probe, seconds) as row i; None if `perm` is
-  not sorted by (probe, seconds)."""
-  same_probe = probe[perm]
-  same_probe = same_probe[1:] == same_probe[:-1]
-  step = np.diff(seconds[perm])
-  if (step[same_probe] < 0).any():
-    return None
-  return same_probe & (step == 0)
 
 
 def write_piece(rows: store.ProbeRows, path: str, meta: dict) -> dict:

@@ -1,0 +1,121 @@
+"""Compiled per-row passes of prepare's partition and bucket sort.
+
+Each replaces numpy steps that went over the rows several times (a stable `argsort` of small
+integer keys, then gathers, compares and masks for the ties) by one compiled pass with the
+same result, bit for bit:
+
+- `counting_order(keys, size)`: the stable order of integer keys in [0, size), which is what
+  `np.argsort(keys, kind="stable")` returns, and each key's bounds in it. A counting sort:
+  two passes over the keys and one over `size` counters, where numpy's radix sort of 16-bit
+  keys reads them twice per byte and needs a copy cast to uint16 (and sorts wider keys by
+  merge sort).
+- `ties(probe, seconds, perm)`: whether `perm` orders the rows by (probe, seconds), and which
+  neighbouring rows share both, in one pass (numpy gathered both columns through `perm` and
+  compared them in four more passes over temporaries).
+- `rtt_payload(rtt_ms)`: `format.tokenizer.rtt_bytes`, the RTT payload bytes and failed flags
+  of every row in one pass without the five float64 temporaries.
+
+Compiled by numba with `cache=True` (once per machine, loaded by later runs).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True, nogil=True)
+def _counting_order(keys, size, order, bounds):
+  for i in range(len(keys)):
+    bounds[keys[i] + 1] += 1
+  for k in range(size):
+    bounds[k + 1] += bounds[k]
+  at = bounds[:-1].copy()
+  for i in range(len(keys)):
+    key = keys[i]
+    order[at[key]] = i
+    at[key] += 1
+
+
+def counting_order(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+  """(order int64 [N], bounds int64 [size + 1]) of integer `keys`, each in [0, size).
+
+  `order` is `np.argsort(keys, kind="stable")`; the rows of key k are
+  `order[bounds[k]:bounds[k + 1]]`. The caller guarantees the range (keys outside it would
+  write outside the arrays).
+  """
+  order = np.empty(len(keys), np.int64)
+  bounds = np.zeros(size + 1, np.int64)
+  if len(keys):
+    _counting_order(keys, size, order, bounds)
+  return order, bounds
+
+
+@numba.njit(cache=True, nogil=True)
+def _ties(probe, seconds, perm, tie):
+  count = 0
+  for i in range(1, len(perm)):
+    before, row = perm[i - 1], perm[i]
+    same = probe[row] == probe[before]
+    if same and seconds[row] < seconds[before]:
+      return -1
+    equal = same and seconds[row] == seconds[before]
+    tie[i - 1] = equal
+    count += equal
+  return count
+
+
+def ties(probe: np.ndarray, seconds: np.ndarray, perm: np.ndarray) -> tuple[np.ndarray, int] | None:
+  """(tie bool [N-1], number of ties): row i+1 of `perm` has the same (probe, seconds) as row
+  i; None if `perm` does not order the rows by (probe, seconds)."""
+  tie = np.empty(max(len(perm) - 1, 0), dtype=bool)
+  count = _ties(probe, seconds, perm, tie)
+  return None if count < 0 else (tie, int(count))
+
+
+@numba.njit(cache=True, nogil=True)
+def _rtt_payload(rtt_ms, out, failed):
+  for i in range(len(rtt_ms)):
+    rtt = np.float64(rtt_ms[i])
+    if not math.isfinite(rtt):
+      return i
+    failed[i] = rtt < 0
+    if rtt < 0:
+      out[i, 0] = 0
+      out[i, 1] = 0
+      continue
+    us = max(1.0, rtt * 1000)
+    # As tokenizer.rtt_bytes: the binary exponent above 2**10 (capped at 31) and the
+    # mantissa truncated, clamped to 11 bits before the cast.
+    exponent = math.frexp(us)[1]
+    e = min(max(exponent - 11, 0), 31)
+    m = np.int64(min(math.ldexp(us, -e), 2047.0))
+    out[i, 0] = (e << 3) | (m >> 8)
+    out[i, 1] = m & 0xFF
+  return -1
+
+
+def rtt_payload(rtt_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """`format.tokenizer.rtt_bytes(rtt_ms)`: (uint8 [N, 2] payload bytes, bool [N] failed);
+  ValueError naming the first NaN or infinite RTT."""
+  rtt_ms = np.ascontiguousarray(rtt_ms)
+  out = np.empty((len(rtt_ms), 2), np.uint8)
+  failed = np.empty(len(rtt_ms), dtype=bool)
+  row = _rtt_payload(rtt_ms, out, failed) if len(rtt_ms) else -1
+  if row >= 0:
+    raise ValueError(f"RTT at index {row} is {rtt_ms[row]}; RTTs must be finite")
+  return out, failed
+
+
+def compile_seconds() -> float:
+  """Seconds to compile (first run on a machine) or load (later runs) these kernels."""
+  started = time.perf_counter()
+  counting_order(np.zeros(2, np.int32), 1)
+  counting_order(np.zeros(2, np.uint16), 1)
+  counting_order(np.zeros(2, np.int64), 1)
+  ties(np.zeros(2, np.int32), np.zeros(2, np.int64), np.arange(2))
+  rtt_payload(np.zeros(1))
+  return time.perf_counter() - started
