@@ -12,6 +12,9 @@ same result, bit for bit:
 - `ties(probe, seconds, perm)`: whether `perm` orders the rows by (probe, seconds), and which
   neighbouring rows share both, in one pass (numpy gathered both columns through `perm` and
   compared them in four more passes over temporaries).
+- `time_grouped_order(keys, size, seconds)`: both of the above at once for rows that arrive
+  in time order, as a dump's do: each row is compared with the previous row of its key as it
+  is placed, reading the rows once and in order.
 - `rtt_payload(rtt_ms)`: `format.tokenizer.rtt_bytes`, the RTT payload bytes and failed flags
   of every row in one pass without the five float64 temporaries.
 
@@ -52,6 +55,45 @@ def counting_order(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]
   if len(keys):
     _counting_order(keys, size, order, bounds)
   return order, bounds
+
+
+@numba.njit(cache=True, nogil=True)
+def _time_grouped_order(keys, seconds, size, order, bounds, tie):
+  for i in range(len(keys)):
+    bounds[keys[i] + 1] += 1
+  for k in range(size):
+    bounds[k + 1] += bounds[k]
+  at = bounds[:-1].copy()
+  last = np.empty(size, np.int64)  # the seconds of each key's row placed last
+  count = 0
+  for i in range(len(keys)):
+    key = keys[i]
+    pos = at[key]
+    second = seconds[i]
+    if pos > bounds[key]:
+      if second < last[key]:
+        return -1
+      if second == last[key]:
+        tie[pos - 1] = True
+        count += 1
+    last[key] = second
+    order[pos] = i
+    at[key] = pos + 1
+  return count
+
+
+def time_grouped_order(keys: np.ndarray, size: int, seconds: np.ndarray) -> tuple | None:
+  """(order, tie, number of ties) as `counting_order` then `ties` give them, in one pass; None
+  if that order does not leave each key's rows in time order (`ties` would say None).
+
+  The rows of a key arrive in `order` in the order they come, so each is compared with the
+  key's row placed before it: no gather through the order.
+  """
+  order = np.empty(len(keys), np.int64)
+  bounds = np.zeros(size + 1, np.int64)
+  tie = np.zeros(max(len(keys) - 1, 0), dtype=bool)
+  count = _time_grouped_order(keys, seconds, size, order, bounds, tie) if len(keys) else 0
+  return None if count < 0 else (order, tie, int(count))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -117,5 +159,6 @@ def compile_seconds() -> float:
   counting_order(np.zeros(2, np.uint16), 1)
   counting_order(np.zeros(2, np.int64), 1)
   ties(np.zeros(2, np.int32), np.zeros(2, np.int64), np.arange(2))
+  time_grouped_order(np.zeros(2, np.int32), 1, np.zeros(2, np.int64))
   rtt_payload(np.zeros(1))
   return time.perf_counter() - started

@@ -287,9 +287,10 @@ def row_order(probe: np.ndarray, columns: dict) -> np.ndarray:
     return np.zeros(0, dtype=np.int64)
   # Dumps are sorted by time and listed in time order, so a stable sort by probe alone
   # usually leaves each probe's rows in time order.
-  perm, _ = row_kernels.counting_order(probe, int(probe.max()) + 1)
-  tie = row_kernels.ties(probe, seconds, perm)
-  if tie is None:  # not time-ordered within a probe: sort by (probe, seconds)
+  grouped = row_kernels.time_grouped_order(probe, int(probe.max()) + 1, seconds)
+  if grouped is not None:
+    perm, tie, count = grouped
+  else:  # not time-ordered within a probe: sort by (probe, seconds)
     span = int(seconds.max()) - int(seconds.min())
     if int(probe.max()) < 2**29 and span < 2**34:
       key = (probe.astype(np.uint64) << np.uint64(34)) | (seconds - seconds.min()).astype(np.uint64)
@@ -297,8 +298,7 @@ def row_order(probe: np.ndarray, columns: dict) -> np.ndarray:
       del key
     else:
       perm = np.lexsort((seconds, probe))
-    tie = row_kernels.ties(probe, seconds, perm)
-  tie, count = tie
+    tie, count = row_kernels.ties(probe, seconds, perm)
   if not count:
     return perm
   in_tie = np.zeros(n, dtype=bool)

@@ -61,3 +61,20 @@ def test_rtt_payload_is_the_tokenizers():
 def test_rtt_payload_names_the_first_rtt_that_is_not_finite(bad):
   with pytest.raises(ValueError, match="RTT at index 2 is"):
     row_kernels.rtt_payload(np.array([1.0, 2.0, bad, np.nan]))
+
+
+def test_time_grouped_order_is_counting_order_then_ties():
+  rng = np.random.default_rng(1)
+  probe = rng.integers(0, 700, 100_000).astype(np.int32)
+  seconds = np.sort(rng.integers(1_700_000_000, 1_700_020_000, len(probe)))
+  order, tie, count = row_kernels.time_grouped_order(probe, 700, seconds)
+  np.testing.assert_array_equal(order, row_kernels.counting_order(probe, 700)[0])
+  expected = _numpy_ties(probe, seconds, order)
+  np.testing.assert_array_equal(tie, expected)
+  assert count == expected.sum() > 0
+  later = np.flatnonzero(probe == probe[0])[1]  # the first probe's second row, made earlier
+  seconds[later] = seconds[0] - 1
+  assert row_kernels.time_grouped_order(probe, 700, seconds) is None
+  assert _numpy_ties(probe, seconds, order) is None
+  empty = row_kernels.time_grouped_order(np.zeros(0, np.int32), 1, np.zeros(0, np.int64))
+  assert empty[0].shape == (0,) and empty[2] == 0
