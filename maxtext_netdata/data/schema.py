@@ -167,15 +167,15 @@ def validate_table(
     reason = "event_time is null"
     null = time_col.is_null().to_numpy(zero_copy_only=False)
     problems.append((reason, null, plain(reason, "event_time")))
-  seconds = _timestamp_seconds(time_col.fill_null(0))
+  seconds = _timestamp_seconds(_filled(time_col, 0))
 
-  version = table.column("ip_version").fill_null(0).to_numpy(zero_copy_only=False)
+  version = _filled(table.column("ip_version"), 0).to_numpy(zero_copy_only=False)
   version = version.astype(np.int64)
   reason = "ip_version is not 4 or 6"
   problems.append((reason, (version != 4) & (version != 6), plain(reason, "ip_version")))
 
   rtt_col = table.column("rtt")
-  rtt = pc.cast(rtt_col, pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+  rtt = _filled(pc.cast(rtt_col, pa.float64()), np.nan).to_numpy(zero_copy_only=False)
   reason = "rtt is NaN, infinite or null"
   problems.append((reason, ~np.isfinite(rtt), plain(reason, "rtt")))
 
@@ -219,6 +219,11 @@ def validate_table(
     rows=rows[keep],
   )
   return columns, report
+
+
+def _filled(column: pa.ChunkedArray, value) -> pa.ChunkedArray:
+  """`column.fill_null(value)`; the column itself when it has no nulls (fill_null copies it)."""
+  return column.fill_null(value) if column.null_count else column
 
 
 def _text(column: pa.ChunkedArray) -> pa.Array:
