@@ -7,6 +7,8 @@ INSTALL_REQUIRES = [
   "numpy>=2.1,<3",
   # The batch kernel; 0.68 is the first release that accepts numpy 2.5.
   "numba>=0.68.1,<0.69",
+  # numba's code generator: the JSON scanner's unaligned word loads and stores.
+  "llvmlite>=0.50,<0.51",
   "pyarrow>=25,<27",
   "pyyaml>=6,<7",
   # The config model, as MaxText's own config is.

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 MAX_DEPTH = 64  # nesting `skip` follows; deeper values are refused
 
@@ -33,6 +36,60 @@ _TRUE, _FALSE, NULL = (np.frombuffer(w, np.uint8) for w in (b"true", b"false", b
 # calls, and its first compile 2.5x longer (measured 59 s against 23 s), a one-off cost.
 helper = numba.njit(_nrt=False)
 inline = numba.njit(inline="always", _nrt=False)
+
+
+def _word_access(bits: int):
+  """Unaligned load and store of a `bits`-bit word at a byte offset of a 1-D uint8 array.
+
+  numba has no unaligned word access of a byte array (`view` needs an aligned, whole array);
+  the caller keeps `i + bits // 8` within the array.
+  """
+  word = ir.IntType(bits)
+
+  def pointer(context, builder, array_type, array, i):
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [i]), word.as_pointer())
+
+  @intrinsic
+  def load(typingctx, array, i):
+    def codegen(context, builder, sig, args):
+      return builder.load(pointer(context, builder, sig.args[0], *args), align=1)
+
+    return getattr(types, f"uint{bits}")(array, i), codegen
+
+  @intrinsic
+  def store(typingctx, array, i, value):
+    def codegen(context, builder, sig, args):
+      value = context.cast(builder, args[2], sig.args[2], getattr(types, f"uint{bits}"))
+      builder.store(value, pointer(context, builder, sig.args[0], *args[:2]), align=1)
+      return context.get_dummy_value()
+
+    return types.none(array, i, value), codegen
+
+  return load, store
+
+
+_load8, _store8 = _word_access(64)
+_load4, _store4 = _word_access(32)
+
+
+@inline
+def copy(src, start, length, dst, at):
+  """`dst[at : at + length] = src[start : start + length]` for short texts (addresses), a word
+  at a time: two overlapping words cover 4 to 16 bytes, where a byte loop or numpy's copy
+  spent most of the scan's row writing."""
+  if length >= 8:
+    j = 0
+    while j + 8 < length:
+      _store8(dst, at + j, _load8(src, start + j))
+      j += 8
+    _store8(dst, at + length - 8, _load8(src, start + length - 8))
+  elif length >= 4:
+    _store4(dst, at, _load4(src, start))
+    _store4(dst, at + length - 4, _load4(src, start + length - 4))
+  else:
+    for j in range(length):
+      dst[at + j] = src[start + j]
 
 
 @inline

@@ -7,8 +7,9 @@ other line is handed to `ripe_json.rows_of_block` (DuckDB's reader and Arrow), w
 the reference and the error reporter. Kept as our own code because no kept JSON library
 reached 1M results/s per core (DuckDB's reader alone 0.6M, pyarrow's 0.4M, msgspec and
 polars no faster): this one parses only the fields the mapping needs and skips the rest.
-Floats are converted from their text in bulk by Arrow's cast (correctly rounded, as DuckDB's
-reader is), so every value is the reference's.
+Floats are converted in the kernel where an exact fast path applies (`_decimal`: a
+mantissa under 2**53 and a power of ten up to 22, as RIPE's rtts are) and by Arrow's cast
+otherwise, both correctly rounded as DuckDB's reader is, so every value is the reference's.
 
 Lines handed over go to the reference a run of consecutive lines at a time (their line
 numbers and row order kept); a block with more than `_MAX_RUNS` runs goes to it whole.
@@ -26,10 +27,18 @@ import pyarrow.compute as pc
 from maxtext_netdata.data import ripe_json
 from maxtext_netdata.data.ripe_scan_kernel import (
   BLANK,
+  DST,
+  DST_OK,
   HANDED,
+  MSM,
   OTHER,
   PING,
-  columns_of,
+  PRB,
+  PRB_OK,
+  SRC,
+  SRC_OK,
+  TS,
+  VER,
   scan_block,
 )
 
@@ -50,33 +59,42 @@ def _bitmap(valid: np.ndarray) -> pa.Buffer | None:
   return None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
 
 
-def _table(texts: np.ndarray, rows: np.ndarray) -> pa.Table:
-  """ROW_SCHEMA rows of a `scan_block` rows array and its texts.
+def _rtts(buf: np.ndarray, rtt: np.ndarray, rtt_text: np.ndarray) -> np.ndarray:
+  """`rtt` with the values the kernel left as NaN (texts beyond its exact fast path) converted
+  from their texts by Arrow's cast, as every rtt was before the kernel converted them."""
+  slow = np.flatnonzero(np.isnan(rtt))
+  if len(slow):
+    texts = [buf[s : s + n].tobytes() for s, n in rtt_text[:, slow].T.tolist()]
+    rtt[slow] = pc.cast(pa.array(texts, pa.string()), pa.float64()).to_numpy()
+  return rtt
 
-  Arrow takes `columns_of`'s arrays as they are (no copy, no cast of offsets).
-  """
+
+def _table(buf: np.ndarray, scanned: tuple) -> pa.Table:
+  """ROW_SCHEMA rows of a `scan_block` result; Arrow takes the kernel's columns as they are
+  (no copy, no cast)."""
+  m, ints, valid, rtt, rtt_text, offsets, texts = scanned[4:]
   # int32 string offsets: a column's texts fit in its block (`rows_of_block` keeps it small).
   assert texts.shape[1] < 2**31, texts.shape
-  msm, ts, prb, prb_ok, version, offsets, data, valid = columns_of(texts, rows)
-  m, data = len(rows), pa.py_buffer(data)
-  strings, start = [], 0
-  for c in range(3):
-    end = start + int(offsets[c, m])
-    strings.append(
-      pa.StringArray.from_buffers(
-        m, pa.py_buffer(offsets[c]), data.slice(start, end - start), _bitmap(valid[c])
-      )
+  strings = [
+    pa.StringArray.from_buffers(
+      m,
+      pa.py_buffer(offsets[c, : m + 1]),
+      pa.py_buffer(texts[c, : offsets[c, m]]),
+      _bitmap(valid[ok, :m]),
     )
-    start = end
+    for c, ok in ((SRC, SRC_OK), (DST, DST_OK))
+  ]
   return pa.table(
     [
-      pa.array(msm),
-      pa.Array.from_buffers(_TIME, m, [None, pa.py_buffer(ts)]),
+      pa.Array.from_buffers(pa.int64(), m, [None, pa.py_buffer(ints[MSM, :m])]),
+      pa.Array.from_buffers(_TIME, m, [None, pa.py_buffer(ints[TS, :m])]),
       strings[0],
       strings[1],
-      pa.array(version),
-      pc.cast(strings[2], pa.float64()),
-      pa.Array.from_buffers(pa.int64(), m, [_bitmap(prb_ok), pa.py_buffer(prb)]),
+      pa.Array.from_buffers(pa.int64(), m, [None, pa.py_buffer(ints[VER, :m])]),
+      pa.array(_rtts(buf, rtt[:m], rtt_text), pa.float64()),
+      pa.Array.from_buffers(
+        pa.int64(), m, [_bitmap(valid[PRB_OK, :m]), pa.py_buffer(ints[PRB, :m])]
+      ),
     ],
     schema=ripe_json.ROW_SCHEMA,
   )
@@ -112,11 +130,13 @@ def load(notice_after_s: float = 2.0) -> None:
     notice.cancel()
 
 
-def scan(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
-  """`scan_block` of a block of newline-delimited results (see there)."""
+def scan(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, pa.Table]:
+  """(kinds, starts, first_rows, duplicates, rows) of a block of newline-delimited results:
+  `scan_block`'s, its rows as one ROW_SCHEMA table."""
   buf = _bytes_of(data)
   lines = ripe_json.count_newlines(data) + (len(buf) > 0 and buf[-1] != 10)
-  return scan_block(buf, max(lines, 1))
+  scanned = scan_block(buf, max(lines, 1))
+  return *scanned[:4], _table(buf, scanned)
 
 
 def rows_of_block(
@@ -129,21 +149,24 @@ def rows_of_block(
     return ripe_json.rows_of_block(block, path, counts, skip_bad)
   lines = block.newlines + (len(buf) > 0 and buf[-1] != 10)
   scanned = scan_block(buf, max(lines, 1))
-  kinds, starts, first_rows, rows, dups, texts = scanned
+  kinds, starts, first_rows, dups = scanned[:4]
   handed = kinds == HANDED
   # Runs of handed-over lines: [begin, end) line ranges.
   edges = np.flatnonzero(np.diff(np.concatenate(([0], handed.view(np.int8), [0]))))
   runs = edges.reshape(-1, 2)
   if len(runs) > _MAX_RUNS:
     return ripe_json.rows_of_block(block, path, counts, skip_bad)
+  rows = _table(buf, scanned)
   counts.results += int(np.count_nonzero((kinds == PING) | (kinds == OTHER)))
   counts.other_types += int(np.count_nonzero(kinds == OTHER))
   counts.duplicates += int(dups)
-  counts.rows += len(rows)
+  counts.rows += rows.num_rows
+  if not len(runs):
+    return rows
   tables, line = [], 0
   for begin, end in [*runs.tolist(), [len(kinds), len(kinds)]]:
     if begin > line:
-      tables.append(_table(texts, rows[first_rows[line] : first_rows[begin]]))
+      tables.append(rows.slice(int(first_rows[line]), int(first_rows[begin] - first_rows[line])))
     if end > begin:
       piece = bytes(memoryview(data)[starts[begin] : starts[end]])
       newlines = piece.count(b"\n")

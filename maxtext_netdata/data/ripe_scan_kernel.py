@@ -55,13 +55,20 @@ for _k, _name in enumerate(_TOP):
   _SLOTS[len(_name), ord(_name[0])] = _k
 assert len({(len(k), k[0]) for k in _TOP}) == len(_TOP)
 _N_KEYS = len(_TOP)
-# Columns of the rows array `scan_block` fills: a row's integers, then (start, length) of its
-# src, dst and rtt texts in rows 0, 1, 2 of its `texts` (length -1: null; an rtt of length 0
-# is a failed packet, its text there "-1"). Each column's texts follow one another in row
-# order with nothing between them (a result's src and dst are copied for each of its rows):
-# a slice of rows has its texts in one piece of each.
-MSM_C, TS_C, PRB_C, PRB_OK_C, VER_C, SRC_S, SRC_L, DST_S, DST_L, RTT_S, RTT_L = range(11)
-_COLUMNS = 11
+# What `scan_block` fills, a column per row of these arrays (every column's first m entries
+# are its rows, in line order, for Arrow to take as they are):
+# - `ints` int64 rows MSM, TS, PRB, VER (prb_id 0 where null);
+# - `valid` bool rows PRB_OK, SRC_OK, DST_OK (False: null);
+# - `rtt` float64 (-1 for a failed packet); NaN where the text is beyond `_decimal`'s exact
+#   fast path, its (start, length) in the block then in `rtt_text` for the caller to convert;
+# - `offsets` int32 rows SRC, DST: Arrow string offsets into `texts` rows SRC, DST, where
+#   each column's texts follow one another in row order (a result's src and dst are copied
+#   for each of its rows).
+MSM, TS, PRB, VER = range(4)
+PRB_OK, SRC_OK, DST_OK = range(3)
+SRC, DST = range(2)
+# Powers of ten exact in float64: `_decimal`'s fast path.
+_POWERS = np.array([10.0**k for k in range(23)])
 
 
 @js.inline
@@ -90,15 +97,60 @@ def _version(buf, start, length):
   return 4 if dot else 0
 
 
-_FULL = -2  # `_packets` / `_line`: the rows array is full (grown, then the line read again)
+_FULL = -2  # `_packets` / `_line`: the output arrays are full (grown, then the line read again)
+_TWO_53 = 1 << 53
+
+
+@js.inline
+def _decimal(buf, i, end):
+  """The float64 of the JSON number text `buf[i:end]`, correctly rounded, or NaN.
+
+  Clinger's fast path: a decimal of at most 18 significant digits whose integer mantissa is below 2**53,
+  scaled by at most 10**22, is one exact IEEE multiplication or division of two exact
+  operands, so it is correctly rounded (as Arrow's and DuckDB's parsers round). NaN for any
+  other text: the caller converts it with Arrow.
+  """
+  negative = buf[i] == 45
+  if negative:
+    i += 1
+  mantissa, digits, scale = 0, 0, 0
+  while i < end and 48 <= buf[i] <= 57:
+    digits += digits > 0 or buf[i] > 48  # significant digits: not the leading zeros
+    mantissa = mantissa * 10 + (buf[i] - 48)
+    i += 1
+  if i < end and buf[i] == 46:
+    i += 1
+    while i < end and 48 <= buf[i] <= 57:
+      digits += digits > 0 or buf[i] > 48
+      mantissa = mantissa * 10 + (buf[i] - 48)
+      scale -= 1
+      i += 1
+  if i < end:  # an exponent: `_packets` took at most two digits
+    i += 1
+    sign = 1
+    if buf[i] == 45 or buf[i] == 43:
+      sign = 44 - buf[i]
+      i += 1
+    exponent = 0
+    while i < end:
+      exponent = exponent * 10 + (buf[i] - 48)
+      i += 1
+    scale += sign * exponent
+  if mantissa == 0 and not negative:
+    return 0.0
+  # Past 18 digits the mantissa may have wrapped around; -0 is left to Arrow as well.
+  if digits > 18 or mantissa == 0 or mantissa >= _TWO_53 or scale < -22 or scale > 22:
+    return np.nan
+  value = mantissa / _POWERS[-scale] if scale < 0 else mantissa * _POWERS[scale]
+  return -value if negative else value
 
 
 @js.helper
-def _packets(buf, i, n, rows, m, stack):
-  """Parse a `result` list at `i` into rows from m on: (end, new m, duplicates).
+def _packets(buf, i, n, rtt, rtt_text, m, stack):
+  """Parse a `result` list at `i` into rtts of rows from m on: (end, new m, duplicates).
 
   End -1: not a list of packets the scanner takes (the caller skips it as any value);
-  `_FULL`: `rows` has no room left.
+  `_FULL`: `rtt` has no room left.
   """
   dups = 0
   i = js.space(buf, i + 1, n)
@@ -107,7 +159,7 @@ def _packets(buf, i, n, rows, m, stack):
   while True:
     if i >= n or buf[i] != 123:
       return -1, m, 0
-    rtt_s, rtt_l, dup, seen = 0, 0, False, 0
+    rtt_s, rtt_l, dup, seen = 0, -1, False, 0
     i = js.space(buf, i + 1, n)
     if i < n and buf[i] == 125:
       i += 1
@@ -151,10 +203,12 @@ def _packets(buf, i, n, rows, m, stack):
     if dup:
       dups += 1
     else:
-      if m == rows.shape[0]:
+      if m == rtt.shape[0]:
         return _FULL, m, 0
-      rows[m, RTT_S] = rtt_s
-      rows[m, RTT_L] = rtt_l
+      value = -1.0 if rtt_l < 0 else _decimal(buf, rtt_s, rtt_s + rtt_l)
+      if value != value:
+        rtt_text[0, m], rtt_text[1, m] = rtt_s, rtt_l
+      rtt[m] = value
       m += 1
     i = js.space(buf, i, n)
     if i < n and buf[i] == 44:
@@ -165,34 +219,17 @@ def _packets(buf, i, n, rows, m, stack):
       return -1, m, 0
 
 
-@js.inline
-def _copy(buf, start, length, texts, at, c):
-  """Copy a text of the line into `texts[c]` at `at[c]` (moved on); its position there.
-
-  A failed packet's rtt (c 2, length 0) is written as "-1".
-  """
-  a = at[c]
-  if c == 2 and length == 0:
-    texts[c, a], texts[c, a + 1] = 45, 49
-    at[c] = a + 2
-    return a
-  for j in range(length):
-    texts[c, a + j] = buf[start + j]
-  at[c] = a + max(length, 0)
-  return a
-
-
 @js.helper
-def _line(buf, p, n, rows, m, stack, ints, spans, texts, at):
+def _line(buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, offsets, texts):
   """Read the line at `p`: (kind, new m, duplicates, a position in the line past which
-  only its newline may come); `_FULL` as kind if `rows` or `texts` is full.
+  only its newline may come); `_FULL` as kind if an output array is full.
 
   A ping result's texts are copied into `texts` while the line is in cache (gathering them
   from the block later missed the cache on every row: 3x slower).
   """
   for k in range(_N_KEYS):
     spans[k, 1] = -1
-    ints[k] = 0
+    fields[k] = 0
   first = m
   i = js.space(buf, p, n)
   if i >= n or buf[i] == 10:
@@ -219,7 +256,7 @@ def _line(buf, p, n, rows, m, stack, ints, spans, texts, at):
         if c == 110:  # null: the field is absent
           i = js.literal(buf, i, n, js.NULL)
         elif k == _RESULT:
-          i, m2, d = _packets(buf, i, n, rows, m, stack) if c == 91 else (-1, m, 0)
+          i, m2, d = _packets(buf, i, n, rtt, rtt_text, m, stack) if c == 91 else (-1, m, 0)
           if i == _FULL:
             return _FULL, first, 0, p
           if i >= 0:
@@ -229,7 +266,7 @@ def _line(buf, p, n, rows, m, stack, ints, spans, texts, at):
         elif k <= _TS or k == _AF or k == _RCVD:
           if k != _TYPE:
             i, number = js.integer(buf, i, n)
-            ints[k] = number
+            fields[k] = number
             spans[k, 1] = 0
         if k == _TYPE or _FROM <= k <= _ADDR:
           if c == 34:
@@ -272,59 +309,54 @@ def _line(buf, p, n, rows, m, stack, ints, spans, texts, at):
     return HANDED, first, 0, i
   dst = _DST if spans[_DST, 1] > 0 else (_ADDR if spans[_ADDR, 1] > 0 else _DST)
   src = _FROM if spans[_FROM, 1] > 0 else _SRC
-  version = ints[_AF]
+  version = fields[_AF]
   if spans[_AF, 1] < 0:
     version = _version(buf, spans[dst, 0], spans[dst, 1])
     if version == 0:
       version = _version(buf, spans[src, 0], spans[src, 1])
   if version != 4 and version != 6:
     return HANDED, first, 0, i
-  packets, room = m - first, texts.shape[1]
-  if (
-    at[0] + packets * max(spans[src, 1], 0) > room or at[1] + packets * max(spans[dst, 1], 0) > room
-  ):
+  src_s, src_l, dst_s, dst_l = spans[src, 0], spans[src, 1], spans[dst, 0], spans[dst, 1]
+  src_at, dst_at, room = offsets[SRC, first], offsets[DST, first], texts.shape[1]
+  packets = m - first
+  if src_at + packets * max(src_l, 0) > room or dst_at + packets * max(dst_l, 0) > room:
     return _FULL, first, 0, p
+  src_row, dst_row = texts[SRC], texts[DST]
   for r in range(first, m):
-    rows[r, MSM_C] = ints[_MSM]
-    rows[r, TS_C] = ints[_TS]
-    rows[r, PRB_C] = ints[_PRB]
-    rows[r, PRB_OK_C] = spans[_PRB, 1] >= 0
-    rows[r, VER_C] = version
-    rows[r, SRC_S] = _copy(buf, spans[src, 0], spans[src, 1], texts, at, 0)
-    rows[r, SRC_L] = spans[src, 1]
-    rows[r, DST_S] = _copy(buf, spans[dst, 0], spans[dst, 1], texts, at, 1)
-    rows[r, DST_L] = spans[dst, 1]
-    rows[r, RTT_S] = _copy(buf, rows[r, RTT_S], rows[r, RTT_L], texts, at, 2)
+    out_ints[MSM, r] = fields[_MSM]
+    out_ints[TS, r] = fields[_TS]
+    out_ints[PRB, r] = fields[_PRB]
+    out_ints[VER, r] = version
+    valid[PRB_OK, r] = spans[_PRB, 1] >= 0
+    valid[SRC_OK, r] = src_l >= 0
+    valid[DST_OK, r] = dst_l >= 0
+    if src_l > 0:
+      js.copy(buf, src_s, src_l, src_row, src_at)
+      src_at += src_l
+    if dst_l > 0:
+      js.copy(buf, dst_s, dst_l, dst_row, dst_at)
+      dst_at += dst_l
+    offsets[SRC, r + 1] = src_at
+    offsets[DST, r + 1] = dst_at
   return PING, m, dups, i
 
 
 @js.helper
-def _lines(
-  buf,
-  line,
-  p,
-  lines,
-  rows,
-  m,
-  kinds,
-  starts,
-  first_rows,
-  stack,
-  ints,
-  spans,
-  texts,
-  at,
-):
+def _lines(buf, line, p, lines, m, kinds, starts, first_rows, stack, fields, spans, out_ints,
+           valid, rtt, rtt_text, offsets, texts):  # fmt: skip
   """`_line` over the lines from `line` (at `p`) on: (line, p, m, duplicates) where it stopped.
 
-  It stops at the end, or where `rows` is full. Its own function, compiled without reference
-  counting, because each call passing arrays from `scan_block` counts references to every one.
+  It stops at the end, or where an output array is full. Its own function, compiled without
+  reference counting, because each call passing arrays from `scan_block` counts references
+  to every one.
   """
   n = len(buf)
   dups = 0
   while line < lines and p <= n:
     starts[line], first_rows[line] = p, m
-    kind, m, d, p = _line(buf, p, n, rows, m, stack, ints, spans, texts, at)
+    kind, m, d, p = _line(
+      buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, offsets, texts
+    )
     if kind == _FULL:
       return line, p, m, dups
     kinds[line] = kind
@@ -339,100 +371,52 @@ def _lines(
 def scan_block(buf, lines):
   """Each line's kind (BLANK, PING, OTHER, HANDED), its start, its first row, and the rows.
 
-  Returns (kinds[lines], starts[lines + 1], first_rows[lines + 1], rows[m, _COLUMNS], dups,
-  texts[3, len(buf)]): the rows' texts are (start, length) in `texts`, row 0 the src
-  texts, 1 the dst texts, 2 the rtt texts (see `MSM_C`).
+  Returns (kinds[lines], starts[lines + 1], first_rows[lines + 1], duplicates, m, ints,
+  valid, rtt, rtt_text, offsets, texts): the m rows in the first m entries of the columns
+  described at `MSM` (offsets m + 1).
   """
   n = len(buf)
   kinds = np.zeros(lines, np.int8)
   starts = np.empty(lines + 1, np.int64)
   first_rows = np.empty(lines + 1, np.int64)
-  rows = np.empty((lines * 2 + 16, _COLUMNS), np.int64)
-  # A line's texts are parts of it: the block's size bounds the rtts (a failed packet's "-1"
-  # replaces at least "{}" of it), and the src and dst texts unless results of many packets
-  # repeat long ones (then it grows, as `rows` does). Pages never written are not mapped in.
-  texts = np.empty((3, n), np.uint8)
-  at = np.zeros(3, np.int64)
+  # Room for three rows a line (RIPE's default packets), grown when more come. A line's texts
+  # are parts of it: the block's size bounds them unless results of many packets repeat long
+  # ones (then they grow too). Pages never written are not mapped in.
+  rows = lines * 3 + 16
+  out_ints = np.empty((4, rows), np.int64)
+  valid = np.empty((3, rows), np.bool_)
+  rtt = np.empty(rows, np.float64)
+  rtt_text = np.empty((2, rows), np.int64)
+  offsets = np.empty((2, rows + 1), np.int32)
+  offsets[:, 0] = 0
+  texts = np.empty((2, max(n, 64)), np.uint8)
   stack = np.empty(js.MAX_DEPTH, np.uint8)
-  ints = np.zeros(_N_KEYS, np.int64)  # integer fields, by key index
+  fields = np.zeros(_N_KEYS, np.int64)  # integer fields, by key index
   spans = np.zeros((_N_KEYS, 2), np.int64)  # text fields: (start, length), -1: null
   m, dups, p, line = 0, 0, 0, 0
   while True:
     line, p, m, d = _lines(
-      buf,
-      line,
-      p,
-      lines,
-      rows,
-      m,
-      kinds,
-      starts,
-      first_rows,
-      stack,
-      ints,
-      spans,
-      texts,
-      at,
-    )
+      buf, line, p, lines, m, kinds, starts, first_rows, stack, fields, spans, out_ints, valid,
+      rtt, rtt_text, offsets, texts,
+    )  # fmt: skip
     dups += d
     if line >= lines or p > n:
       break
-    bigger = np.empty((2 * rows.shape[0], _COLUMNS), np.int64)  # full: grown, line read again
-    bigger[:m] = rows[:m]
-    rows = bigger
-    wider = np.empty((3, max(2 * texts.shape[1], 64)), np.uint8)
-    for c in range(3):
-      wider[c, : at[c]] = texts[c, : at[c]]
+    rows *= 2  # full: grown, the line read again
+    out_ints = _grown(out_ints, m, rows)
+    valid = _grown(valid, m, rows)
+    rtt = _grown(rtt.reshape(1, -1), m, rows)[0]
+    rtt_text = _grown(rtt_text, m, rows)
+    offsets = _grown(offsets, m + 1, rows + 1)
+    wider = np.empty((2, 2 * texts.shape[1]), np.uint8)
+    wider[:, : texts.shape[1]] = texts
     texts = wider
   starts[lines], first_rows[lines] = min(p, n), m
-  return kinds, starts, first_rows, rows[:m], dups, texts
+  return kinds, starts, first_rows, dups, m, out_ints, valid, rtt, rtt_text, offsets, texts
 
 
-@numba.njit(cache=True, nogil=True)
-def columns_of(texts, rows):
-  """The columns of a `scan_block` rows array (or a slice of one), each contiguous, for Arrow
-  to take as they are.
-
-  Returns (msm, ts, prb, prb_ok, version, offsets, data, valid): the integer columns; for the
-  src, dst and rtt texts (c = 0, 1, 2) int32 Arrow offsets[c] and validity valid[c], their
-  bytes one column after another in `data`, each column's offsets counting from its own
-  start. One pass over `rows` (one per column read each 88-byte row again: 11 passes cost as
-  much as writing the parquet), then one copy of each column's texts, already in one piece.
-  The caller keeps the texts' total under 2**31.
-  """
-  m = rows.shape[0]
-  msm, ts, prb = np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, np.int64)
-  prb_ok, version = np.empty(m, np.bool_), np.empty(m, np.int64)
-  offsets = np.empty((3, m + 1), np.int32)
-  valid = np.empty((3, m), np.bool_)
-  firsts = np.zeros(3, np.int64)
-  if m:
-    firsts[0], firsts[1], firsts[2] = rows[0, SRC_S], rows[0, DST_S], rows[0, RTT_S]
-  src, dst, rtt = firsts[0], firsts[1], firsts[2]  # scalars: kept in registers
-  for r in range(m):
-    msm[r], ts[r], prb[r] = rows[r, MSM_C], rows[r, TS_C], rows[r, PRB_C]
-    prb_ok[r], version[r] = rows[r, PRB_OK_C] != 0, rows[r, VER_C]
-    offsets[0, r] = rows[r, SRC_S] - src
-    offsets[1, r] = rows[r, DST_S] - dst
-    offsets[2, r] = rows[r, RTT_S] - rtt
-    valid[0, r], valid[1, r], valid[2, r] = (
-      rows[r, SRC_L] >= 0,
-      rows[r, DST_L] >= 0,
-      rows[r, RTT_L] >= 0,
-    )
-  ends = firsts.copy()
-  if m:
-    ends[0] = rows[m - 1, SRC_S] + max(rows[m - 1, SRC_L], 0)
-    ends[1] = rows[m - 1, DST_S] + max(rows[m - 1, DST_L], 0)
-    ends[2] = rows[m - 1, RTT_S] + max(rows[m - 1, RTT_L], 2 if rows[m - 1, RTT_L] == 0 else 0)
-  total = 0
-  for c in range(3):
-    offsets[c, m] = ends[c] - firsts[c]
-    total += ends[c] - firsts[c]
-  data = np.empty(total, np.uint8)
-  at = 0
-  for c in range(3):
-    length = ends[c] - firsts[c]
-    data[at : at + length] = texts[c, firsts[c] : ends[c]]
-    at += length
-  return msm, ts, prb, prb_ok, version, offsets, data, valid
+@numba.njit(cache=True)
+def _grown(array, used, size):
+  bigger = np.empty((array.shape[0], size), array.dtype)
+  bigger[:, :used] = array[:, :used]
+  return bigger
