@@ -9,6 +9,8 @@ same result, bit for bit:
   two passes over the keys and one over `size` counters, where numpy's radix sort of 16-bit
   keys reads them twice per byte and needs a copy cast to uint16 (and sorts wider keys by
   merge sort).
+- `bucket_rows(probe, probe_bucket, size)`: `counting_order` of the rows' buckets, and each
+  row's probe numbered within its bucket, placed in the same pass.
 - `ties(probe, seconds, perm)`: whether `perm` orders the rows by (probe, seconds), and which
   neighbouring rows share both, in one pass (numpy gathered both columns through `perm` and
   compared them in four more passes over temporaries).
@@ -55,6 +57,42 @@ def counting_order(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]
   if len(keys):
     _counting_order(keys, size, order, bounds)
   return order, bounds
+
+
+@numba.njit(cache=True, nogil=True)
+def _bucket_rows(probe, probe_bucket, size, order, bounds, row_local):
+  local = np.empty(len(probe_bucket), np.int32)
+  seen = np.zeros(size, np.int32)
+  for p in range(len(probe_bucket)):
+    local[p] = seen[probe_bucket[p]]
+    seen[probe_bucket[p]] += 1
+  for i in range(len(probe)):
+    bounds[probe_bucket[probe[i]] + 1] += 1
+  for k in range(size):
+    bounds[k + 1] += bounds[k]
+  at = bounds[:-1].copy()
+  for i in range(len(probe)):
+    p = probe[i]
+    key = probe_bucket[p]
+    order[at[key]] = i
+    row_local[at[key]] = local[p]
+    at[key] += 1
+
+
+def bucket_rows(probe: np.ndarray, probe_bucket: np.ndarray, size: int) -> tuple:
+  """(order int64 [N], bounds int64 [size + 1], local int32 [N]) of rows whose probes are
+  `probe` (indices into `probe_bucket`, each probe's bucket in [0, size)).
+
+  `order, bounds` are `counting_order(probe_bucket[probe], size)`; `local[j]` is the number of
+  row `order[j]`'s probe among its bucket's probes, in probe order: the row's probe in its
+  bucket's own probe table. One pass numbers the probes, two more place the rows.
+  """
+  order = np.empty(len(probe), np.int64)
+  bounds = np.zeros(size + 1, np.int64)
+  row_local = np.empty(len(probe), np.int32)
+  if len(probe):
+    _bucket_rows(probe, probe_bucket, size, order, bounds, row_local)
+  return order, bounds, row_local
 
 
 @numba.njit(cache=True, nogil=True)
@@ -160,5 +198,6 @@ def compile_seconds() -> float:
   counting_order(np.zeros(2, np.int64), 1)
   ties(np.zeros(2, np.int32), np.zeros(2, np.int64), np.arange(2))
   time_grouped_order(np.zeros(2, np.int32), 1, np.zeros(2, np.int64))
+  bucket_rows(np.zeros(2, np.int32), np.zeros(1, np.int64), 1)
   rtt_payload(np.zeros(1))
   return time.perf_counter() - started
