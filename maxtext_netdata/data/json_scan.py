@@ -8,6 +8,11 @@ or surrogate `\\u` escape in a string; no trailing comma, comment, NaN or leadin
 raw newline (byte 10) is never read, so a scanner of JSON lines stops at the line's end.
 Our own code because no kept JSON library exposes a tokenizer numba can call.
 
+The buffer must end with a newline, and `i` must not be past the first newline at or after
+it: no piece reads past a newline (none is part of any token), so the inner loops test no
+bound and read each byte unchecked (`_byte`, no negative-index fix-up either): the walk over
+a line is ~25% faster than with `i < n` in every loop.
+
 numba's cache of a kernel that calls these (`ripe_scan_kernel`) is keyed on the kernel's
 own file: after editing this one, touch that one so the kernel is compiled again.
 """
@@ -71,6 +76,7 @@ def _word_access(bits: int):
 
 _load8, _store8 = _word_access(64)
 _load4, _store4 = _word_access(32)
+_byte = _word_access(8)[0]
 
 
 @inline
@@ -94,8 +100,10 @@ def copy(src, start, length, dst, at):
 
 @inline
 def space(buf, i, n):
-  while i < n and (buf[i] == 32 or buf[i] == 9 or buf[i] == 13):
+  c = _byte(buf, i)
+  while c == 32 or c == 9 or c == 13:
     i += 1
+    c = _byte(buf, i)
   return i
 
 
@@ -109,8 +117,8 @@ def string(buf, i, n):
   """(end after the closing quote, or -1 if not a string the scanner takes; has an escape)."""
   i += 1
   escaped = False
-  while i < n:
-    c = _STRING_CLASS[buf[i]]
+  while True:
+    c = _STRING_CLASS[_byte(buf, i)]
     if c == 0:
       i += 1
     elif c == 1:
@@ -122,7 +130,6 @@ def string(buf, i, n):
         return -1, escaped
     else:
       return -1, escaped
-  return -1, escaped
 
 
 @helper
@@ -149,34 +156,42 @@ def _escape(buf, i, n):
 
 
 @inline
+def _digit(c):
+  return 48 <= c <= 57
+
+
+@inline
 def number(buf, i, n):
   """(end of a JSON number at `i`, or -1; whether it is an integer; exponent digits)."""
-  if i < n and buf[i] == 45:
+  if _byte(buf, i) == 45:
     i += 1
-  if i >= n:
-    return -1, False, 0
-  if buf[i] == 48:
+  c = _byte(buf, i)
+  if c == 48:
     i += 1
-  elif 49 <= buf[i] <= 57:
-    while i < n and 48 <= buf[i] <= 57:
+  elif 49 <= c <= 57:
+    i += 1
+    while _digit(_byte(buf, i)):
       i += 1
   else:
     return -1, False, 0
   integer, exponent = True, 0
-  if i < n and buf[i] == 46:
+  if _byte(buf, i) == 46:
     i += 1
     integer = False
-    if i >= n or not 48 <= buf[i] <= 57:
+    if not _digit(_byte(buf, i)):
       return -1, False, 0
-    while i < n and 48 <= buf[i] <= 57:
+    i += 1
+    while _digit(_byte(buf, i)):
       i += 1
-  if i < n and (buf[i] == 101 or buf[i] == 69):
+  c = _byte(buf, i)
+  if c == 101 or c == 69:
     i += 1
     integer = False
-    if i < n and (buf[i] == 43 or buf[i] == 45):
+    c = _byte(buf, i)
+    if c == 43 or c == 45:
       i += 1
     start = i
-    while i < n and 48 <= buf[i] <= 57:
+    while _digit(_byte(buf, i)):
       i += 1
     exponent = i - start
     if exponent == 0:
@@ -186,10 +201,8 @@ def number(buf, i, n):
 
 @inline
 def literal(buf, i, n, word):
-  if i + len(word) > n:
-    return -1
-  for j in range(len(word)):
-    if buf[i + j] != word[j]:
+  for j in range(len(word)):  # stops at the first byte that differs: a newline at the latest
+    if _byte(buf, i + j) != word[j]:
       return -1
   return i + len(word)
 
@@ -197,7 +210,7 @@ def literal(buf, i, n, word):
 @inline
 def scalar(buf, i, n):
   """End of a string, number or literal at `i`, or -1."""
-  c = buf[i]
+  c = _byte(buf, i)
   if c == 34:
     return string(buf, i, n)[0]
   if c == 45 or 48 <= c <= 57:
@@ -214,16 +227,15 @@ def scalar(buf, i, n):
 @inline
 def key(buf, i, n):
   """(end after `"key":` and the space after it, or -1; key start; key length)."""
-  if i >= n or buf[i] != 34:
+  if _byte(buf, i) != 34:
     return -1, 0, 0
   end, escaped = string(buf, i, n)
   if end < 0 or escaped:
     return -1, 0, 0
   j = space(buf, end, n)
-  if j >= n or buf[j] != 58:
+  if _byte(buf, j) != 58:
     return -1, 0, 0
-  j = space(buf, j + 1, n)
-  return (j if j < n else -1), i + 1, end - i - 2
+  return space(buf, j + 1, n), i + 1, end - i - 2
 
 
 @helper
@@ -277,7 +289,7 @@ def skip(buf, i, n, stack):
 @inline
 def value(buf, i, n, stack):
   """`skip`, with scalars read inline: a call passing arrays costs more than a short value."""
-  c = buf[i]
+  c = _byte(buf, i)
   if c == 123 or c == 91:
     return skip(buf, i, n, stack)
   return scalar(buf, i, n)

@@ -47,6 +47,14 @@ _MAX_RUNS = 8
 _TIME = ripe_json.ROW_SCHEMA.field("event_time").type
 
 
+def _newline_ended(data):
+  """`data`, with a newline added if it has none at its end (the scanner's contract: only a
+  file's last block may lack one, so the copy is rare)."""
+  if len(data) and memoryview(data)[-1] == 10:
+    return data
+  return bytes(data) + b"\n"
+
+
 def _bytes_of(data) -> np.ndarray:
   """A read-only uint8 view of a block: one compiled variant of the scanner for every kind of
   block (bytes, bytearray, Arrow buffer), where a writable view would compile a second."""
@@ -133,9 +141,8 @@ def load(notice_after_s: float = 2.0) -> None:
 def scan(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, pa.Table]:
   """(kinds, starts, first_rows, duplicates, rows) of a block of newline-delimited results:
   `scan_block`'s, its rows as one ROW_SCHEMA table."""
-  buf = _bytes_of(data)
-  lines = ripe_json.count_newlines(data) + (len(buf) > 0 and buf[-1] != 10)
-  scanned = scan_block(buf, max(lines, 1))
+  buf = _bytes_of(_newline_ended(data))
+  scanned = scan_block(buf, ripe_json.count_newlines(buf))
   return *scanned[:4], _table(buf, scanned)
 
 
@@ -144,11 +151,12 @@ def rows_of_block(
 ) -> pa.Table:
   """`ripe_json.rows_of_block`'s rows and counts, the lines the scanner takes read by it."""
   data = block.data
-  buf = _bytes_of(data)
-  if len(buf) >= 2**31:  # `_table`'s int32 offsets: a block of lines over 2 GiB goes whole
+  if len(data) >= 2**31:  # `_table`'s int32 offsets: a block of lines over 2 GiB goes whole
     return ripe_json.rows_of_block(block, path, counts, skip_bad)
-  lines = block.newlines + (len(buf) > 0 and buf[-1] != 10)
-  scanned = scan_block(buf, max(lines, 1))
+  lines = block.newlines + (len(data) == 0 or memoryview(data)[-1] != 10)
+  data = _newline_ended(data)
+  buf = _bytes_of(data)
+  scanned = scan_block(buf, lines)
   kinds, starts, first_rows, dups = scanned[:4]
   handed = kinds == HANDED
   # Runs of handed-over lines: [begin, end) line ranges.

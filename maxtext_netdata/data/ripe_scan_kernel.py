@@ -231,8 +231,10 @@ def _line(buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, of
     spans[k, 1] = -1
     fields[k] = 0
   first = m
+  if p >= n:
+    return BLANK, m, 0, p
   i = js.space(buf, p, n)
-  if i >= n or buf[i] == 10:
+  if buf[i] == 10:
     return BLANK, m, 0, i
   if buf[i] != 123:
     return HANDED, m, 0, p
@@ -369,13 +371,16 @@ def _lines(buf, line, p, lines, m, kinds, starts, first_rows, stack, fields, spa
 
 @numba.njit(cache=True, nogil=True)
 def scan_block(buf, lines):
-  """Each line's kind (BLANK, PING, OTHER, HANDED), its start, its first row, and the rows.
+  """Each line's kind (BLANK, PING, OTHER, HANDED), its start, its first row, and the rows
+  of `buf`, `lines` newline-ended lines (its last byte a newline: `json_scan`'s contract).
 
   Returns (kinds[lines], starts[lines + 1], first_rows[lines + 1], duplicates, m, ints,
   valid, rtt, rtt_text, offsets, texts): the m rows in the first m entries of the columns
   described at `MSM` (offsets m + 1).
   """
   n = len(buf)
+  if n == 0 or buf[n - 1] != 10:
+    raise ValueError("scan_block: the block must end with a newline")
   kinds = np.zeros(lines, np.int8)
   starts = np.empty(lines + 1, np.int64)
   first_rows = np.empty(lines + 1, np.int64)
