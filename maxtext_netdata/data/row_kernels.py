@@ -162,19 +162,19 @@ def _rtt_payload(rtt_ms, out, failed):
     rtt = np.float64(rtt_ms[i])
     if not math.isfinite(rtt):
       return i
-    failed[i] = rtt < 0
-    if rtt < 0:
-      out[i, 0] = 0
-      out[i, 1] = 0
-      continue
     us = max(1.0, rtt * 1000)
-    # As tokenizer.rtt_bytes: the binary exponent above 2**10 (capped at 31) and the
-    # mantissa truncated, clamped to 11 bits before the cast.
-    exponent = math.frexp(us)[1]
-    e = min(max(exponent - 11, 0), 31)
-    m = np.int64(min(math.ldexp(us, -e), 2047.0))
-    out[i, 0] = (e << 3) | (m >> 8)
-    out[i, 1] = m & 0xFF
+    # As tokenizer.rtt_bytes (frexp, clip, ldexp, clamp, truncate), from the float's bits:
+    # `us` >= 1 is normal, so frexp's exponent is the biased exponent less 1022, and scaling
+    # by 2**-e (e <= 31) is exact. An infinite `us` (rtt over ~1.8e305 ms) is frexp's
+    # exponent 0 in numpy.
+    biased = np.int64((np.float64(us).view(np.uint64) >> np.uint64(52)) & np.uint64(0x7FF))
+    e = 0 if biased == 0x7FF else min(max(biased - 1022 - 11, 0), 31)
+    scale = np.uint64(1023 - e) << np.uint64(52)
+    m = np.int64(min(us * np.uint64(scale).view(np.float64), 2047.0))
+    negative = rtt < 0
+    failed[i] = negative
+    out[i, 0] = 0 if negative else (e << 3) | (m >> 8)
+    out[i, 1] = 0 if negative else m & 0xFF
   return -1
 
 
