@@ -11,6 +11,8 @@ import glob
 import gzip
 import json
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -291,3 +293,44 @@ def test_results_of_many_packets_with_long_addresses_give_the_reference_rows():
   assert (kinds == ripe_scan.PING).all()
   for line in lines:  # alone in its block too: the buffer starts at the line's size
     _check_taken_lines([line])
+
+
+_GUARD_PAGE_SCAN = r"""
+import ctypes, mmap, sys
+import numpy as np
+from maxtext_netdata.data.ripe_scan_kernel import scan_block
+
+# The page after the block is made unreadable: a read past the block's newline is a SIGSEGV.
+size = mmap.PAGESIZE
+area = mmap.mmap(-1, 2 * size)
+start = ctypes.addressof(ctypes.c_char.from_buffer(area))
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.mprotect(ctypes.c_void_p(start + size), ctypes.c_size_t(size), 0) != 0:  # PROT_NONE
+  sys.exit(f"mprotect failed: errno {ctypes.get_errno()}")
+page = np.frombuffer(area, np.uint8, size)
+scans = 0
+for line in sys.stdin.buffer.read().split(b"\n"):
+  for cut in range(len(line) + 1):
+    text = line[:cut] + b"\n"
+    page[size - len(text) :] = np.frombuffer(text, np.uint8)
+    block = page[size - len(text) :]
+    block.flags.writeable = False
+    scan_block(block, 1)
+    scans += 1
+print(scans)
+"""
+
+
+def test_no_prefix_of_any_line_makes_the_scanner_read_past_its_newline():
+  # The JSON pieces read bytes unchecked up to the block's closing newline: every prefix of
+  # every line shape, ended by the newline at the very end of readable memory.
+  lines = [_encode(r, (",", ":")).encode() for r in BASE] + [b.encode() for b in BROKEN]
+  lines += _hostile_lines(200, seed=4)
+  run = subprocess.run(
+    [sys.executable, "-c", _GUARD_PAGE_SCAN],
+    input=b"\n".join(line for line in lines if b"\n" not in line),
+    capture_output=True,
+    timeout=300,
+  )
+  assert run.returncode == 0, (run.returncode, run.stderr.decode()[-2000:])
+  assert int(run.stdout) > 30_000
