@@ -155,6 +155,7 @@ class SpillWriter:
     self.rows = [0] * buckets
     self.files: dict[int, object] = {}
     self.held: list[shards.Chunk] | None = [] if buckets == 1 else None
+    self.buffers: dict[str, np.ndarray] = {}
 
   def path(self, bucket: int) -> str:
     return os.path.join(self.folder, f"bucket-{bucket:05d}.bin")
@@ -179,7 +180,9 @@ class SpillWriter:
     """The bucket's chunks; the file is removed once read (its rows now live in memory).
 
     From a file, the records are read straight into one chunk's preallocated arrays (no
-    intermediate buffer, no copy into place afterwards).
+    intermediate buffer, no copy into place afterwards). Those arrays are this writer's
+    buffers, reused by the next read: the runner is done with a bucket before it reads the
+    next, and memory already touched costs no page faults (~40k fewer per 16M rows).
     """
     if self.held is not None:
       chunks, self.held = self.held, []
@@ -187,15 +190,24 @@ class SpillWriter:
     if bucket not in self.files:
       return []
     with open(self.path(bucket), "rb") as f:
-      chunk = _read_records(f, self.rows[bucket])
+      chunk = _read_records(f, self.rows[bucket], self.buffers)
     os.remove(self.path(bucket))
     return [chunk]
 
 
-def _read_records(f, rows: int) -> shards.Chunk:
+def _buffer(buffers: dict, name: str, dtype, shape: tuple) -> np.ndarray:
+  """An array of `shape` over `buffers[name]`, which grows to fit (and is kept for reuse)."""
+  size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+  held = buffers.get(name)
+  if held is None or len(held) < size:
+    held = buffers[name] = np.empty(size, np.uint8)
+  return held[:size].view(dtype).reshape(shape)
+
+
+def _read_records(f, rows: int, buffers: dict) -> shards.Chunk:
   """The `Chunk.parts` records of file `f` (`rows` rows in all) as one chunk."""
   columns, hashed = None, False
-  probe = np.empty(rows, np.int32)
+  probe = _buffer(buffers, "probe", np.int32, (rows,))
   keys, hashes = [], []
   at, key_at = 0, 0
 
@@ -211,7 +223,7 @@ def _read_records(f, rows: int) -> shards.Chunk:
       columns = {}
       for name in shards._names(hashed):
         dtype, tail = store.ROW_ARRAYS[name]
-        columns[name] = np.empty((rows, *tail), dtype=dtype)
+        columns[name] = _buffer(buffers, name, dtype, (rows, *tail))
     key_part, hash_part = np.empty((k, 17), np.uint8), np.empty(k, np.uint64)
     read_into(key_part)
     read_into(hash_part)
