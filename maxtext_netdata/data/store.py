@@ -239,10 +239,10 @@ def probe_counts(split, chunk_rows: int = 1 << 24) -> tuple[np.ndarray, np.ndarr
 
 def _long_gaps(seconds: np.ndarray, previous: int | None) -> np.ndarray:
   """bool [n]: rows more than LONG_GAP_S after the row before (`previous` before the first)."""
-  before = np.empty(len(seconds), dtype=np.int64)
-  before[0] = seconds[0] if previous is None else previous
-  before[1:] = seconds[:-1]
-  return seconds - before > LONG_GAP_S
+  gaps = np.empty(len(seconds), dtype=bool)
+  gaps[0] = previous is not None and int(seconds[0]) - previous > LONG_GAP_S
+  np.greater(np.subtract(seconds[1:], seconds[:-1]), LONG_GAP_S, out=gaps[1:])
+  return gaps
 
 
 class ProbeCounter:
@@ -260,7 +260,7 @@ class ProbeCounter:
   def _per_probe(flags: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     starts = np.zeros(len(sizes), dtype=np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
-    return np.add.reduceat(flags.astype(np.int64), starts)
+    return np.add.reduceat(flags, starts, dtype=np.int64)
 
   def add_seconds(self, seconds: np.ndarray, sizes: np.ndarray) -> None:
     """The seconds of whole probes of `sizes` rows each (all > 0), next in the split."""
