@@ -23,6 +23,10 @@ import numba
 import numpy as np
 import pyarrow as pa
 
+from maxtext_netdata.data import kernel_cache
+
+kernel_cache.install()  # cached kernels keyed on every project file imported
+
 ADDRESS_BYTES = 16
 EMPTY, INVALID = -1, 0  # family codes besides 4 and 6
 

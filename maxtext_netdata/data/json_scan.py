@@ -13,8 +13,8 @@ it: no piece reads past a newline (none is part of any token), so the inner loop
 bound and read each byte unchecked (`_byte`, no negative-index fix-up either): the walk over
 a line is ~25% faster than with `i < n` in every loop.
 
-numba's cache of a kernel that calls these (`ripe_scan_kernel`) is keyed on the kernel's
-own file: after editing this one, touch that one so the kernel is compiled again.
+The cached kernel that calls these (`ripe_scan_kernel`) is keyed on this file's text too
+(`kernel_cache`): an edit here compiles it again.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ import time
 import numba
 import numpy as np
 
+from maxtext_netdata.data import kernel_cache
+
+kernel_cache.install()  # cached kernels keyed on every project file imported
+
 _EMPTY = np.int64(-1)
 _MIX1 = np.uint64(0xFF51AFD7ED558CCD)
 _MIX2 = np.uint64(0xC4CEB9FE1A85EC53)

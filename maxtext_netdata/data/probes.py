@@ -16,7 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxtext_netdata.data import ip_text, lookup, schema
+from maxtext_netdata.data import ip_text, kernel_cache, lookup, schema
+
+kernel_cache.install()  # cached kernels keyed on every project file imported
 
 
 class _KnownHashes:

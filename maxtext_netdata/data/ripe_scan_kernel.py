@@ -29,6 +29,9 @@ import numba
 import numpy as np
 
 from maxtext_netdata.data import json_scan as js
+from maxtext_netdata.data import kernel_cache
+
+kernel_cache.install()  # the cache keyed on json_scan's text too
 
 BLANK, PING, OTHER, HANDED = 0, 1, 2, 3  # what `scan_block` says of each line
 _MAX_NUMBER = 32

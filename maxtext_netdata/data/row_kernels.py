@@ -31,6 +31,10 @@ import time
 import numba
 import numpy as np
 
+from maxtext_netdata.data import kernel_cache
+
+kernel_cache.install()  # cached kernels keyed on every project file imported
+
 
 @numba.njit(cache=True, nogil=True)
 def _counting_order(keys, size, order, bounds):

@@ -27,9 +27,12 @@ import threading
 import numba
 import numpy as np
 
+from maxtext_netdata.data import kernel_cache
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.format.tokenizer import PERMUTATIONS
 from maxtext_netdata.input_pipeline import rng
+
+kernel_cache.install()  # the cache keyed on the token format's and rng's text too
 
 FULL, PARTIAL, NONE = 0, 1, 2
 FIELD_ORDERS = {"random": 0, "fixed": 1, "hashed": 2}
