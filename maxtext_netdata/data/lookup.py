@@ -14,6 +14,11 @@ Each entry has a fixed-width value row (`values[entry]`) that the caller compute
 the entries a lookup inserted. Memory is bounded: when a lookup leaves more than `limit`
 entries, the table is cleared and the lookup redone, so it keeps at most `limit` entries
 between lookups (or one lookup's distinct keys, if more).
+
+`BytesTable` takes keys of any length, compared byte by byte; `WordsTable` takes keys of one
+fixed width as uint64 words, hashed and compared a word at a time: prepare's probe keys
+(17 bytes, padded to 3 words) use it, ~3x faster per key (~26 against ~80 ns, 57k keys a
+batch among 85k known).
 """
 
 from __future__ import annotations
@@ -228,9 +233,119 @@ class BytesTable:
       _rehash(self.key_hash, self.count, self.slots)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _same_words(a, i, b, j):
+  for w in range(a.shape[1]):
+    if a[i, w] != b[j, w]:
+      return False
+  return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _lookup_words(words, hash_mask, slots, key_words, key_hash, count, out):
+  """`_lookup` for keys of `words.shape[1]` uint64 words each: hashed and compared a word at
+  a time. `slots` int64 [C] holds entries (-1 empty); `key_words` [≥ count + n, W] the keys."""
+  n = len(words)
+  mask = np.uint64(len(slots) - 1)
+  hashes = np.empty(n, np.uint64)
+  for i in range(n):
+    h = _SEED ^ np.uint64(words.shape[1])
+    for w in range(words.shape[1]):
+      h = _fmix(h ^ words[i, w])
+    hashes[i] = h & hash_mask
+  found = np.empty(n, np.int64)
+  for i in range(n):
+    found[i] = slots[hashes[i] & mask]
+  for i in range(n):
+    entry = found[i]
+    out[i] = entry if entry != _EMPTY and _same_words(words, i, key_words, entry) else -1
+  for i in range(n):
+    if out[i] >= 0:
+      continue
+    pos = hashes[i] & mask
+    while True:
+      entry = slots[pos]
+      if entry == _EMPTY:
+        key_words[count] = words[i]
+        key_hash[count] = hashes[i]
+        slots[pos] = count
+        out[i] = count
+        count += 1
+        break
+      if _same_words(words, i, key_words, entry):
+        out[i] = entry
+        break
+      pos = (pos + np.uint64(1)) & mask
+  return count
+
+
+@numba.njit(cache=True, nogil=True)
+def _rehash_words(key_hash, count, slots):
+  mask = np.uint64(len(slots) - 1)
+  for entry in range(count):
+    pos = key_hash[entry] & mask
+    while slots[pos] != _EMPTY:
+      pos = (pos + np.uint64(1)) & mask
+    slots[pos] = entry
+
+
+class WordsTable:
+  """`BytesTable` for keys of one fixed width, `words` uint64 words each (a shorter key is
+  padded with zero bytes by the caller): a key is hashed and compared a word at a time, ~3x
+  faster than byte by byte for prepare's 17-byte probe keys. Same `lookup`, `values`,
+  `limit` and `hash_mask` contract, the keys given as uint64 [K, words]."""
+
+  def __init__(self, words: int, value_shape: tuple, value_dtype, limit: int = 1_000_000,
+               hash_mask: int = 2**64 - 1):  # fmt: skip
+    self.words, self.limit = words, limit
+    self.value_shape, self.value_dtype = tuple(value_shape), np.dtype(value_dtype)
+    self.hash_mask = np.uint64(hash_mask)
+    self.resets = 0
+    self.clear()
+
+  def clear(self) -> None:
+    """Forget every entry (the memory bound)."""
+    self.count = 0
+    self.slots = np.full(1 << 10, -1, np.int64)
+    self.key_words = np.zeros((1 << 9, self.words), np.uint64)
+    self.key_hash = np.zeros(1 << 9, np.uint64)
+    self.values = np.zeros((1 << 9, *self.value_shape), self.value_dtype)
+
+  def __len__(self) -> int:
+    return self.count
+
+  def key(self, entry: int) -> np.ndarray:
+    """The key words of `entry` (uint64 [words])."""
+    return self.key_words[entry]
+
+  def lookup(self, words: np.ndarray) -> tuple[np.ndarray, range]:
+    """(entry int64 [K] of each key row of uint64 [K, words], the new entries)."""
+    words = np.ascontiguousarray(words, dtype=np.uint64).reshape(-1, self.words)
+    out = np.empty(len(words), np.int64)
+    first = self.count
+    wanted = self.count + len(words)
+    self.key_words = _grown(self.key_words, wanted)
+    self.key_hash = _grown(self.key_hash, wanted)
+    self.values = _grown(self.values, wanted)
+    if 2 * wanted > len(self.slots):
+      capacity = len(self.slots)
+      while capacity < 2 * wanted:
+        capacity *= 2
+      self.slots = np.full(capacity, -1, np.int64)
+      _rehash_words(self.key_hash, self.count, self.slots)
+    self.count = _lookup_words(words, self.hash_mask, self.slots, self.key_words,
+                               self.key_hash, self.count, out)  # fmt: skip
+    if self.count > self.limit and first:
+      self.resets += 1
+      self.clear()
+      return self.lookup(words)
+    return out, range(first, self.count)
+
+
 def compile_seconds() -> float:
   """Seconds to compile (first run on a machine) or load (later runs) the compiled lookup."""
   started = time.perf_counter()
   table = BytesTable((1,), np.uint8, limit=4)
   table.lookup(np.array([0, 1, 1, 3], np.int64), np.frombuffer(b"abc", np.uint8))
+  WordsTable(3, (8,), np.uint8, limit=4).lookup(np.zeros((2, 3), np.uint64))
   return time.perf_counter() - started

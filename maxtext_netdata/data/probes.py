@@ -31,20 +31,19 @@ class _KnownHashes:
   """
 
   def __init__(self, limit: int = 1_000_000):
-    self.table = lookup.BytesTable((8,), np.uint8, limit=limit)
+    self.table = lookup.WordsTable(3, (8,), np.uint8, limit=limit)  # 17 bytes in 3 words
 
   def lookup(self, keys: np.ndarray) -> np.ndarray:
     return self.entries(keys)[1]
 
   def entries(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(entry int64 [K], hash uint64 [K]) of each key: equal keys have equal entries."""
-    keys = np.ascontiguousarray(keys, dtype=np.uint8).reshape(-1, 17)
-    offsets = np.arange(0, 17 * len(keys) + 1, 17, dtype=np.int64)
-    entries, new = self.table.lookup(offsets, keys.reshape(-1))
+    padded = np.zeros((len(keys), 24), np.uint8)
+    padded[:, :17] = np.asarray(keys, dtype=np.uint8).reshape(-1, 17)
+    entries, new = self.table.lookup(padded.view(np.uint64))
     if len(new):
-      digests = b"".join(
-        hashlib.blake2b(self.table.key(entry), digest_size=8).digest() for entry in new
-      )
+      stored = self.table.key_words[new.start : new.stop].view(np.uint8)[:, :17]
+      digests = b"".join(hashlib.blake2b(key.tobytes(), digest_size=8).digest() for key in stored)
       self.table.values[new.start : new.stop] = np.frombuffer(digests, np.uint8).reshape(-1, 8)
     return entries, self.table.values[entries].view(">u8")[:, 0].astype(np.uint64)
 
