@@ -22,7 +22,7 @@ kernel_cache.install()  # cached kernels keyed on every project file imported
 
 
 class _KnownHashes:
-  """Probe hashes computed so far in this process, kept in a `lookup.BytesTable`.
+  """Probe hashes computed so far in this process, kept in a `lookup.WordsTable`.
 
   A dump's probes (~50k in 200M rows) recur in every batch: each key is hashed once with
   blake2b in Python, a batch's keys are then matched in one compiled pass (Arrow's `index_in`
