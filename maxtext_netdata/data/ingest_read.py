@@ -4,7 +4,7 @@ Plain JSON lines are read in Arrow buffers straight from the file (a local file 
 no copy at all), each block ending at its last newline (`_plain_line_blocks`); compressed
 inputs are decompressed in a thread one block ahead of the parsing (Arrow's decompressors
 run without the GIL), so decompression and parsing overlap where a core is free, three
-blocks held at most; a JSON array becomes lines through `ripe_json.ArrayToLines`.
+blocks held at most; a JSON array becomes lines through `json_array.ArrayToLines`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from maxtext_netdata.data import remote, ripe_json
+from maxtext_netdata.data import json_array, remote, ripe_json
 from maxtext_netdata.errors import DataError
 
 _CODECS = {".bz2": "bz2", ".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
@@ -173,7 +173,7 @@ def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
       if array is None and (piece.lstrip() or last):
         array = (carry + piece).lstrip()[:1] == b"["
         if array:
-          converter, unit = ripe_json.ArrayToLines(entry.uri), "array element"
+          converter, unit = json_array.ArrayToLines(entry.uri), "array element"
       if progress is not None:
         done = raw.tell()
         progress.update(done - position)

@@ -17,7 +17,7 @@ is one line (`_by_halves`): every line that is kept is read by the same reader w
 same casts, so both paths give the same rows, and each bad line is found with its number.
 
 JSON arrays (the results API's default format) are turned into the same newline-delimited
-blocks by `ArrayToLines`, which finds the array's top-level commas with numpy.
+blocks by `json_array.ArrayToLines`.
 """
 
 from __future__ import annotations
@@ -326,94 +326,3 @@ def rows_of_block(block: Block, path: str, counts: Counts, skip_bad: bool) -> pa
   table = pa.concat_tables(tables) if tables else ROW_SCHEMA.empty_table()
   counts.rows += table.num_rows
   return table
-
-
-_OPEN, _CLOSE, _QUOTE = 1, 2, 3
-_CLASSES = bytearray(256)
-_CLASSES[ord("{")] = _CLASSES[ord("[")] = _OPEN
-_CLASSES[ord("}")] = _CLASSES[ord("]")] = _CLOSE
-_CLASSES[ord('"')] = _QUOTE
-_CLASSES = bytes(_CLASSES)
-_SPACE = b" \t\r\n"
-
-
-class ArrayToLines:
-  """A JSON array, fed in pieces, as newline-delimited JSON: one element per line.
-
-  Each piece returned ends after a complete element; the rest waits for the next piece, so
-  every piece starts outside any string at the array's top level. Raw newlines cannot occur
-  inside JSON strings, so they become spaces (pretty-printed arrays turn into one element a
-  line); the commas after top-level objects become newlines. One `bytes.translate` marks
-  brackets and quotes; only those positions are walked in numpy (quote parity says what is
-  inside a string, a cumulative sum gives the depth): no Python loop per byte or element.
-  """
-
-  def __init__(self, path: str):
-    self.path = path
-    self.started = False
-    self.closed = False
-    self.carry = b""
-
-  def _after(self, buf: bytes, raw: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Position of the first non-space byte after each of `ends` (the last byte if none)."""
-    after = np.minimum(ends + 1, len(buf) - 1)
-    spaced = np.flatnonzero(np.isin(raw[after], np.frombuffer(_SPACE, np.uint8)))
-    for i in spaced:  # pretty-printed input only; compact arrays have the comma next
-      rest = buf[ends[i] + 1 :]
-      after[i] = min(ends[i] + 1 + len(rest) - len(rest.lstrip()), len(buf) - 1)
-    return after
-
-  def feed(self, piece: bytes, last: bool) -> bytes | bytearray:
-    buf = self.carry + piece
-    if not self.started:
-      buf = buf.lstrip()
-      if not buf:
-        return b""
-      if buf[:1] != b"[":
-        raise DataError(f"{self.path}: not a JSON array")
-      buf, self.started = buf[1:], True
-    if self.closed:
-      if buf.strip():
-        raise DataError(f"{self.path}: text after the end of the JSON array")
-      return b""
-    buf = buf.replace(b"\n", b" ").replace(b"\r", b" ")
-    raw = np.frombuffer(buf, np.uint8)
-    marks = np.flatnonzero(np.frombuffer(buf.translate(_CLASSES), np.uint8))
-    kind = raw[marks]
-    quote = kind == ord('"')
-    if b"\\" in buf:
-      # A quote after an odd run of backslashes is part of the string.
-      quotes = marks[quote]
-      last_plain = np.maximum.accumulate(np.where(raw == ord("\\"), -1, np.arange(len(raw))))
-      before = np.maximum(quotes - 1, 0)
-      run = np.where(quotes > 0, before - last_plain[before], 0)
-      quote[np.flatnonzero(quote)[run % 2 == 1]] = False
-      kind[~quote & (kind == ord('"'))] = 0
-    # Quote parity so far: an xor scan, ~10x a cumulative sum's speed on a block's marks.
-    outside = ~quote & ~np.logical_xor.accumulate(quote) & (kind != 0)
-    marks, kind = marks[outside], kind[outside]
-    depth = 1 + np.cumsum(np.where((kind == ord("{")) | (kind == ord("[")), 1, -1), dtype=np.int32)
-    if len(depth) and depth.min() < 0:
-      raise DataError(f"{self.path}: not a well-formed JSON array")
-    ends = marks[(kind == ord("}")) & (depth == 1)]
-    close = marks[depth == 0]
-    if len(close):
-      if buf[close[0] + 1 :].strip():
-        raise DataError(f"{self.path}: text after the end of the JSON array")
-      ends = ends[ends < close[0]]
-    elif last:
-      raise DataError(f"{self.path}: the JSON array is not closed (truncated file?)")
-    commas = self._after(buf, raw, ends)
-    commas = commas[raw[commas] == ord(",")]
-    if len(close):
-      cut, self.closed, self.carry = close[0], True, b""
-    elif len(commas):
-      cut, commas = commas[-1], commas[:-1]
-      self.carry = buf[cut + 1 :]
-    else:
-      self.carry = buf
-      return b""
-    out = bytearray(memoryview(buf)[:cut])
-    np.frombuffer(out, np.uint8)[commas] = ord("\n")
-    out += b"\n"
-    return out
