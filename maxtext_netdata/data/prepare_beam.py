@@ -16,13 +16,35 @@ DirectRunner, a shared mount (Filestore, GCS FUSE, NFS) for a distributed runner
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import tempfile
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from maxtext_netdata.data import local_runner, raw_reader, shards
+
+
+@contextlib.contextmanager
+def _temporary_files_in(folder: str):
+  """Python's temporary files and folders made in `folder` while the pipeline runs, and
+  removed with it.
+
+  Beam's DirectRunner first tries to start Prism, making a folder in the system's temporary
+  directory, which it leaves behind when Prism cannot start (no network to download it
+  from): one `beam-temp*` folder a run. `tempfile` is the process's, so this holds only while
+  nothing else in the process makes temporary files it means to keep (the prepare command).
+  """
+  os.makedirs(folder, exist_ok=True)
+  saved, tempfile.tempdir = tempfile.tempdir, folder
+  try:
+    yield
+  finally:
+    tempfile.tempdir = saved
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def runner(beam_args: list[str]):
@@ -38,7 +60,10 @@ def runner(beam_args: list[str]):
       "skip_bad": config.network_skip_bad_rows,
     }
     pipeline_options = PipelineOptions(beam_args or ["--runner=DirectRunner"])
-    with beam.Pipeline(options=pipeline_options) as pipeline:
+    with (
+      _temporary_files_in(pieces_dir + "-tmp"),
+      beam.Pipeline(options=pipeline_options) as pipeline,
+    ):
       _ = (
         pipeline
         | "files" >> beam.Create(list(enumerate(files)))

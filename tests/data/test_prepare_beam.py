@@ -1,6 +1,8 @@
 """prepare on Apache Beam's DirectRunner builds the built-in runner's store, byte for byte."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 from pipeline_helpers import store_config, store_files
@@ -57,3 +59,30 @@ def test_cli_runs_beam_with_pipeline_options_after_the_separator(tmp_path, raw_f
   )
   assert code == 0
   assert "20,000 of 20,000 read" in capsys.readouterr().out
+
+
+def test_a_beam_prepare_leaves_nothing_in_the_temporary_directory(tmp_path, raw_files):
+  # Beam's DirectRunner tries Prism first and, when it cannot start, left a beam-temp* folder
+  # in the temporary directory on every run.
+  temporary = tmp_path / "tmp"
+  temporary.mkdir()
+  base = os.path.join(os.path.dirname(config.__file__), "..", "configs", "base.yml")
+  run = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "maxtext_netdata",
+      "prepare",
+      base,
+      f"grain_train_files={','.join(raw_files)}",
+      f"network_prepared_dir={tmp_path / 'store'}",
+      "--runner",
+      "beam",
+    ],  # fmt: skip
+    env={**os.environ, "TMPDIR": str(temporary), "JAX_PLATFORMS": "cpu"},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert os.listdir(temporary) == []
