@@ -65,7 +65,7 @@ def _child(data_dir: str, prepared_dir: str, hashed: bool) -> None:
         "probes": summary["probes"],
         "seconds": seconds,
         "cpu_seconds": usage.ru_utime + usage.ru_stime - cpu_start,
-        "peak_rss": usage.ru_maxrss * 1024,
+        "peak_rss": prepare.peak_rss_bytes(),
         "baseline_rss": baseline,
         "store_bytes": store_bytes,
       }

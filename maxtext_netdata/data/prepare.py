@@ -260,7 +260,7 @@ def _summary(
 ) -> dict:
   seconds = time.perf_counter() - start
   cpu = max(_cpu_seconds() - cpu_start, 1e-9)
-  peak = _peak_rss_bytes()
+  peak = peak_rss_bytes()
   total = counts["train"]["rows"] + counts["test"]["rows"]
   failed = counts["train"]["failed"] + counts["test"]["failed"]
   return {
@@ -290,7 +290,20 @@ def _cpu_seconds() -> float:
   return usage.ru_utime + usage.ru_stime
 
 
-def _peak_rss_bytes() -> int:
+def peak_rss_bytes() -> int:
+  """This process's peak resident memory: VmHWM, the high-water mark of its own memory.
+
+  Not `ru_maxrss` where /proc has VmHWM: Linux folds into `ru_maxrss` the memory a process
+  had before `exec`, which for a command started by another process is its parent's (a
+  child of a 1 GiB process, 11 MiB resident itself, reported 1,051 MiB).
+  """
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 

@@ -2,6 +2,9 @@
 
 import collections
 import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -303,3 +306,37 @@ def test_cli_prints_the_summary_and_reports_errors_in_one_line(tmp_path, raw_fil
   assert cli.main(["prepare", "base.yml", f"grain_train_files={missing}"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and missing in err[0]
+
+
+_BIG_PARENT = """
+import subprocess, sys
+import numpy as np
+held = np.ones(96 << 20)  # 768 MiB resident in this process
+sys.exit(subprocess.run(sys.argv[1:]).returncode)
+"""
+
+
+def test_the_peak_memory_reported_is_the_commands_own_not_its_parents(tmp_path, raw_files):
+  # Linux folds the memory a process had before exec into ru_maxrss: a prepare started by a
+  # 768 MiB process reported at least 768 MiB.
+  run = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      _BIG_PARENT,
+      sys.executable,
+      "-m",
+      "maxtext_netdata",
+      "prepare",
+      "base.yml",
+      f"grain_train_files={raw_files[0]}",
+      f"network_prepared_dir={tmp_path}",
+    ],  # fmt: skip
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
+  assert run.returncode == 0, run.stderr[-2000:]
+  peak = float(re.search(r"peak RSS ([\d,]+) MiB", run.stdout).group(1).replace(",", ""))
+  assert 50 < peak < 700, run.stdout
