@@ -238,6 +238,19 @@ def key(buf, i, n):
   return space(buf, j + 1, n), i + 1, end - i - 2
 
 
+@inline
+def after_value(buf, i, n, close):
+  """After a member or element ending at `i`: (the next one's start, True) after a comma,
+  (the position past `close`, False) after that closing byte, (-1, False) otherwise."""
+  i = space(buf, i, n)
+  c = _byte(buf, i)
+  if c == 44:
+    return space(buf, i + 1, n), True
+  if c == close:
+    return i + 1, False
+  return -1, False
+
+
 @helper
 def skip(buf, i, n, stack):
   """End of any JSON value at `i` (objects and arrays walked with `stack`), or -1."""

@@ -196,14 +196,11 @@ def _packets(buf, i, n, rtt, rtt_text, m, stack):
           i = js.value(buf, i, n, stack)
         if i < 0:
           return -1, m, 0
-        i = js.space(buf, i, n)
-        if i < n and buf[i] == 44:
-          i = js.space(buf, i + 1, n)
-        elif i < n and buf[i] == 125:
-          i += 1
-          break
-        else:
+        i, more = js.after_value(buf, i, n, 125)
+        if i < 0:
           return -1, m, 0
+        if not more:
+          break
     if dup:
       dups += 1
     else:
@@ -214,13 +211,11 @@ def _packets(buf, i, n, rtt, rtt_text, m, stack):
         rtt_text[0, m], rtt_text[1, m] = rtt_s, rtt_l
       rtt[m] = value
       m += 1
-    i = js.space(buf, i, n)
-    if i < n and buf[i] == 44:
-      i = js.space(buf, i + 1, n)
-    elif i < n and buf[i] == 93:
-      return i + 1, m, dups
-    else:
+    i, more = js.after_value(buf, i, n, 93)
+    if i < 0:
       return -1, m, 0
+    if not more:
+      return i, m, dups
 
 
 @js.helper
@@ -291,14 +286,8 @@ def _line(buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, of
         i = js.value(buf, i, n, stack)
       if i < 0:
         break
-      i = js.space(buf, i, n)
-      if i < n and buf[i] == 44:
-        i = js.space(buf, i + 1, n)
-      elif i < n and buf[i] == 125:
-        i += 1
-        break
-      else:
-        i = -1
+      i, more = js.after_value(buf, i, n, 125)
+      if not more:
         break
   if i >= 0:
     i = js.space(buf, i, n)
