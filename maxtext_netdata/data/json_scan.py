@@ -25,6 +25,10 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from maxtext_netdata.data import kernel_cache
+
+kernel_cache.install()  # before `object_lines`, the one cached kernel here
+
 MAX_DEPTH = 64  # nesting `skip` follows; deeper values are refused
 
 # Bytes in a string: 0 plain, 1 the closing quote, 2 an escape, 3 one the scanner refuses
@@ -323,3 +327,32 @@ def integer(buf, i, n):
   for k in range(j, end):
     value = value * 10 + (buf[k] - 48)
   return end, sign * value
+
+
+@numba.njit(cache=True, nogil=True)
+def object_lines(buf):
+  """bool per line of `buf` (newline-ended, the module's contract): the line is blank or one
+  object in this module's grammar with nothing after it but spaces.
+
+  Every reader the project uses takes such a line alike, as one object; a line this refuses
+  may still be a JSON object to one of them and not to another (non-ASCII text, `NaN`, a
+  trailing comma), or another value (`null`, which DuckDB's reader takes as a row).
+  """
+  n = len(buf)
+  lines = 0
+  for i in range(n):
+    lines += buf[i] == 10
+  strict = np.ones(lines, np.bool_)
+  stack = np.empty(MAX_DEPTH, np.uint8)
+  p = 0
+  for line in range(lines):
+    i = space(buf, p, n)
+    if _byte(buf, i) != 10:
+      i = skip(buf, i, n, stack) if _byte(buf, i) == 123 else -1
+      if i >= 0:
+        i = space(buf, i, n)
+      strict[line] = i >= 0 and _byte(buf, i) == 10
+    while _byte(buf, p) != 10:  # the next line (`skip` may stop anywhere in a bad one)
+      p += 1
+    p += 1
+  return strict

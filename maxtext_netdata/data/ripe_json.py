@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxtext_netdata.data import json_scan
 from maxtext_netdata.errors import DataError
 
 # Timeouts (`x`) and errors only lack `rtt`; a duplicate is any packet whose `dup` is set.
@@ -289,6 +290,25 @@ def _row_lines(data: bytes) -> list[int]:
   return [i for i, line in enumerate(data.split(b"\n")) if line.strip()]
 
 
+def _screen_refuses_a_line(data: bytes) -> bool:
+  """Whether `_screen` refuses a line of `data` that DuckDB's reader may still take.
+
+  DuckDB's reader also takes a comma before a closing bracket, `inf`/`nan` in any case, and
+  `null` as a row of nulls, which `_screen` (`json.loads`) calls not JSON or not an object.
+  Read whole, such a line would be a result; read by halves, a bad line that is none: the
+  same line would be judged by the lines around it. Lines of one object in `json_scan`'s
+  strict grammar are objects to both (one compiled pass); only the others are screened.
+  """
+  ended = data if data.endswith(b"\n") else data + b"\n"
+  buf = np.frombuffer(ended, np.uint8)
+  buf.flags.writeable = False  # the variant the ingest scanner's blocks compile
+  doubtful = np.flatnonzero(~json_scan.object_lines(buf))
+  if not len(doubtful):
+    return False
+  lines = ended.split(b"\n")
+  return any(_screen(lines[i])[0] is not None for i in doubtful.tolist())
+
+
 def rows_of_block(block: Block, path: str, counts: Counts, skip_bad: bool) -> pa.Table:
   """Rows of a block of newline-delimited results.
 
@@ -298,13 +318,17 @@ def rows_of_block(block: Block, path: str, counts: Counts, skip_bad: bool) -> pa
   data, first_line, unit = block.data, block.first_line, block.unit
   if not isinstance(data, bytes | bytearray):  # an Arrow buffer read straight from a file
     data = bytes(memoryview(data))
-  try:
-    results, lines, bad_lines = _read(data), None, []
-    if results.num_rows != block.newlines + (not data.endswith(b"\n")):
-      lines = _row_lines(data)  # blank lines
-      if results.num_rows != len(lines):
-        raise duckdb.InvalidInputException("a line is not one JSON object")
-  except duckdb.Error:
+  results = None
+  if not _screen_refuses_a_line(data):
+    try:
+      results, lines, bad_lines = _read(data), None, []
+      if results.num_rows != block.newlines + (not data.endswith(b"\n")):
+        lines = _row_lines(data)  # blank lines
+        if results.num_rows != len(lines):
+          results = None  # a line is not one JSON object
+    except duckdb.Error:
+      results = None
+  if results is None:
     results, lines, bad_lines = _by_halves(data, first_only=not skip_bad)
   counts.bad_lines += len(bad_lines)
   tables, done = [], 0

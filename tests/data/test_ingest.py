@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from ripe_results import FIRMWARE_0, MODERN, T0
 
 from maxtext_netdata import cli, config
 from maxtext_netdata.data import prepare
@@ -22,73 +23,8 @@ from maxtext_netdata.data.ingest import ingest
 from maxtext_netdata.errors import DataError
 
 SPEC_COLUMNS = ["msm_id", "event_time", "src_addr", "dst_addr", "ip_version", "rtt"]
-T0 = 1_751_328_000
 
-# One result of each real shape, and the rows SPEC §1 says each becomes.
-MODERN = [
-  {  # replies, a timeout, an error and a duplicate; `from` beats the private src_addr
-    "fw": 5080,
-    "type": "ping",
-    "af": 4,
-    "msm_id": 1001,
-    "prb_id": 7,
-    "timestamp": T0 + 10,
-    "dst_addr": "193.0.14.129",
-    "src_addr": "192.168.1.10",
-    "from": "77.1.2.3",
-    "result": [
-      {"rtt": 12.5},
-      {"x": "*"},
-      {"error": "Network is unreachable"},
-      {"rtt": 12.6, "dup": 1},
-      {"rtt": 13.25, "ttl": 55},
-    ],
-  },
-  {  # IPv6, `src_addr` only (no `from`), a reply carrying its source address
-    "fw": 4790,
-    "type": "ping",
-    "af": 6,
-    "msm_id": 2001,
-    "prb_id": 8,
-    "timestamp": T0 + 5,
-    "dst_addr": "2001:db8::1",
-    "src_addr": "2a00:1::5",
-    "result": [{"srcaddr": "2a00:1::5", "rtt": 40.0}, {"x": "*"}],
-  },
-  {  # `addr` and `from` (firmware 1), no src_addr, no af: the version comes from the address
-    "fw": 1,
-    "type": "ping",
-    "msm_id": 1002,
-    "prb_id": 9,
-    "timestamp": T0 + 7,
-    "addr": "8.8.8.8",
-    "from": "95.4.3.2",
-    "result": [{"rtt": 20}],
-  },
-  {"type": "traceroute", "msm_id": 5001, "timestamp": T0, "result": [{"hop": 1, "result": []}]},
-]
-FIRMWARE_0 = [
-  {  # numbers as strings, `avg` only, no type
-    "msm_id": 1003,
-    "prb_id": 10,
-    "timestamp": T0 + 3,
-    "addr": "193.0.14.129",
-    "from": "80.1.1.1",
-    "avg": "58.042",
-    "rcvd": "3",
-    "sent": "3",
-  },
-  {
-    "msm_id": 1003,
-    "prb_id": 11,
-    "timestamp": T0 + 4,
-    "dst_addr": "193.0.14.129",
-    "src_addr": "81.1.1.1",
-    "avg": "-1",
-    "rcvd": "0",
-  },  # fmt: skip
-  {"type": "dns", "msm_id": 6001, "timestamp": T0, "result": {"rt": 5.1, "size": 40}},
-]
+# The rows SPEC §1 says each of ripe_results' shapes becomes.
 EXPECTED = [  # (msm_id, seconds after T0, src, dst, version, rtt, prb_id), in time order
   (1003, 3, "80.1.1.1", "193.0.14.129", 4, 58.042, 10),
   (1003, 4, "81.1.1.1", "193.0.14.129", 4, -1.0, 11),
