@@ -7,7 +7,7 @@ or an upgrade of the package that leaves an old `__pycache__` behind (pip remove
 files it installed), numba would load machine code built from the old text and give
 silently different results. `install` puts first in numba's list of cache locators ones
 whose stamp hashes the kernel's file and every project module it imports, transitively
-(read from the import statements, at most a few dozen small files, once a process).
+(read from the top-level import statements, a handful of small files, once a process).
 
 Every module with a `cache=True` kernel calls `install()` before its first decorator
 (tests/data/test_kernel_cache.py checks this). Our own code because numba has no way to name
@@ -27,29 +27,52 @@ _PACKAGE = "maxtext_netdata"
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the package's folder
 
 
-def _file_of(name: str) -> str | None:
-  """The source file of project module `name`, or None (not ours, or not a module)."""
+def _file_of(name: str, modules_only: bool = False) -> str | None:
+  """The source file of project module `name` (a package's `__init__`, unless
+  `modules_only`), or None (not ours, or not a module)."""
   parts = name.split(".")
   if parts[0] != _PACKAGE:
     return None
   base = os.path.join(_ROOT, *parts[1:])
-  for path in (base + ".py", os.path.join(base, "__init__.py")):
+  candidates = (
+    (base + ".py",) if modules_only else (base + ".py", os.path.join(base, "__init__.py"))
+  )
+  for path in candidates:
     if os.path.isfile(path):
       return path
   return None
 
 
+def _top_level(body: list[ast.stmt]):
+  """The statements a module runs when imported: its body, inside `if`/`try`/`with` blocks
+  too, but not inside functions or classes (whose imports define no global of the module)."""
+  for node in body:
+    yield node
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+      for field in ("body", "orelse", "finalbody", "handlers"):
+        yield from _top_level(getattr(node, field, []))
+
+
 @functools.cache
 def _imports(path: str) -> tuple[str, ...]:
-  """The project source files that the file at `path` imports (anywhere in it)."""
+  """The project source files whose names the file at `path` binds when imported.
+
+  What numba compiles into a kernel comes from its module's globals: the functions and
+  values bound by the module's top-level imports, each defined by the top-level code of its
+  own module. `from package import module` names the module's file, not the package's
+  `__init__` (it binds nothing of it); `from module import name` names the module's file.
+  Imports inside functions bind nothing a kernel can see.
+  """
   with open(path, "rb") as f:
     tree = ast.parse(f.read(), path)
   names = []
-  for node in ast.walk(tree):
+  for node in _top_level(tree.body):
     if isinstance(node, ast.Import):
       names += [alias.name for alias in node.names]
     elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-      names += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+      for alias in node.names:
+        submodule = f"{node.module}.{alias.name}"
+        names.append(submodule if _file_of(submodule, modules_only=True) else node.module)
   return tuple(sorted({f for f in map(_file_of, names) if f}))
 
 

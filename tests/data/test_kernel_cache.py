@@ -25,11 +25,13 @@ def value():
 
 
 def _value(root) -> int:
+  """The probe kernel's value in a fresh process; negative when loaded from the cache."""
   run = subprocess.run(
     [
       sys.executable,
       "-c",
-      "from maxtext_netdata.data import cache_probe; print(cache_probe.value())",
+      "from maxtext_netdata.data import cache_probe as p; v = p.value();"
+      " print(-v if p.value.stats.cache_hits else v)",
     ],
     env={**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(root / "numba-cache")},
     cwd=root,
@@ -49,12 +51,18 @@ def test_a_cached_kernel_is_compiled_again_when_a_module_it_imports_changes(tmp_
   )
   data = tmp_path / "maxtext_netdata" / "data"
   (data / "cache_probe.py").write_text(_KERNEL)
-  (data / "cache_probe_constant.py").write_text("VALUE = 1\n")
-  assert _value(tmp_path) == 1
+  # `prepare` is imported only inside a function: nothing of it is compiled into the kernel.
+  constant = "VALUE = {}\n\n\ndef later():\n  from maxtext_netdata.data import prepare\n"
+  (data / "cache_probe_constant.py").write_text(constant.format(1))
+  assert _value(tmp_path) == 1  # compiled
   assert glob.glob(str(tmp_path / "numba-cache" / "**" / "*.nbi"), recursive=True)
-  (data / "cache_probe_constant.py").write_text("VALUE = 2\n")
+  assert _value(tmp_path) == -1  # loaded
+  with open(data / "prepare.py", "a", encoding="utf-8") as f:
+    f.write("# edited\n")
+  assert _value(tmp_path) == -1  # still loaded: not a source of the kernel
+  (data / "cache_probe_constant.py").write_text(constant.format(2))
   assert _value(tmp_path) == 2
-  assert _value(tmp_path) == 2  # and from the cache written by the run before
+  assert _value(tmp_path) == -2  # and from the cache written by the run before
 
 
 def test_every_module_with_a_cached_kernel_installs_the_project_stamp_first():
