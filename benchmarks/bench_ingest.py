@@ -38,7 +38,7 @@ import time
 import pyarrow as pa
 import pyarrow.json as pj
 
-from maxtext_netdata.data import ingest, ingest_read, remote, ripe_json, ripe_scan
+from maxtext_netdata.data import ingest, ingest_read, prepare, remote, ripe_json, ripe_scan
 from maxtext_netdata.data.generate import generate
 
 # The reader ingest used first, for comparison: pyarrow's, with the fields the mapping needs.
@@ -172,7 +172,7 @@ def main() -> None:
       )
       _print("bz2", "bzip2 -dc alone", args.bz2_rows, wall, cpu)
     _report("bz2", compressed, work)
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  peak = prepare.peak_rss_bytes() / 2**20
   print(
     f"peak RSS of this process (generate and the input held in memory included): {peak:.0f} MiB"
   )
