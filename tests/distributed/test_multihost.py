@@ -447,6 +447,11 @@ def test_two_processes_with_grain_workers_load_the_global_batches_of_one(raw_dir
   assert [r["digests"] for r in reports] == [expected] * 2
 
 
+# Observed: 1 float32 ulp (3.8314199 vs 3.8314202, 6e-8 relative) after 4 steps of the smoke
+# model; 1e-5 leaves two orders of magnitude for other schedules of the same reduction. The
+# batches are compared bit for bit beside it; the loss catches lost parameters or optimizer state.
+LOSS_RTOL_ACROSS_TOPOLOGIES = 1e-5
+
 # --- training: a checkpoint of two processes resumes in one --------------------------------
 
 TRAIN_WORKER = textwrap.dedent(
@@ -525,6 +530,11 @@ def test_checkpoint_resumes_on_another_process_count_with_the_same_batches(
   assert first["digests"] + rest["digests"] == whole["digests"]
   # The trainer reads configs/smoke.yml, whose data keys (split, field order) differ from base.yml.
   assert whole["digests"] == batches_cli_digests(data, 4, "configs/smoke.yml")
-  assert rest["final_loss"] == whole["final_loss"]
+  # Data is a pure function of the config: bits. The loss is a float reduction whose order
+  # follows the process topology (a 2-process all-reduce adds the per-device gradients in
+  # another order than one process with the same 4 devices), so a run that spent some steps on
+  # another process count agrees to LOSS_RTOL_ACROSS_TOPOLOGIES, not to the last bit
+  # (docs/multihost.md, "What is exact").
+  np.testing.assert_allclose(rest["final_loss"], whole["final_loss"], rtol=LOSS_RTOL_ACROSS_TOPOLOGIES)
   records = [json.loads(line) for line in (base / "resume/metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == [0, 1, 2, 3]
