@@ -27,8 +27,8 @@ import jax
 import numpy as np
 
 from maxtext_netdata import config as config_lib
-from maxtext_netdata.data import prepare
-from maxtext_netdata.data.generate import generate
+from maxtext_netdata.data.prepare import prepare
+from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline import interface, network_grain
 from maxtext_netdata.input_pipeline.sequences import KEYS, BatchBuilder

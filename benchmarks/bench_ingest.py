@@ -7,10 +7,10 @@ Two inputs of JSON lines:
   replies and a timeout, ~430 bytes a line, three rows a result).
 For each it times, in this one process and back to back:
 - the JSON reader alone over the file's blocks: pyarrow's `read_json` with an explicit schema
-  (the reader ingest used first) and DuckDB's `read_json` (the one it uses, `ripe_json._read`);
+  (the reader ingest used first) and DuckDB's `read_json` (the one it uses, `reference._read`);
 - `read+map`: blocks of the file mapped to rows, the part that scales with the input, by
-  the compiled scanner (`ripe_scan.rows_of_block`, what ingest uses) and by the reference
-  path alone (`ripe_json.rows_of_block`: DuckDB's reader and Arrow, ingest's path before);
+  the compiled scanner (`scan.rows_of_block`, what ingest uses) and by the reference
+  path alone (`reference.rows_of_block`: DuckDB's reader and Arrow, ingest's path before);
 - `ingest`: the whole command (read, map, sort, write the parquet shards) with the scanner,
   with one mapping thread and with its default (one a core, at most `ingest.READERS`), and
   with the reference path (`scan=False`) and its default threads.
@@ -38,12 +38,14 @@ import time
 import pyarrow as pa
 import pyarrow.json as pj
 
-from maxtext_netdata.data import ingest, ingest_read, prepare, remote, ripe_json, ripe_scan
-from maxtext_netdata.data.generate import generate
+from maxtext_netdata.data import remote
+from maxtext_netdata.data.prepare import prepare
+from maxtext_netdata.data.ripe import blocks, ingest, reference, scan
+from maxtext_netdata.data.synthetic.generate import generate
 
 # The reader ingest used first, for comparison: pyarrow's, with the fields the mapping needs.
 _PYARROW_PARSE = pj.ParseOptions(
-  explicit_schema=ripe_json.RESULT_SCHEMA, unexpected_field_behavior="ignore"
+  explicit_schema=reference.RESULT_SCHEMA, unexpected_field_behavior="ignore"
 )
 _ONE_REPLY = re.compile(rb'"result":\[\{"rtt":([0-9.]+)\}\],"dup":0,"rcvd":1,"sent":1')
 
@@ -69,11 +71,11 @@ def _print(label: str, what: str, results: int, wall: float, cpu: float, extra: 
 
 def _blocks(path: str):
   entry = remote.expand(path, ingest.storage_options())[0]
-  return ingest_read.iter_blocks(entry, ingest.storage_options(), ingest.BLOCK_BYTES, None)
+  return blocks.iter_blocks(entry, ingest.storage_options(), ingest.BLOCK_BYTES, None)
 
 
 def _read_and_map(path: str, rows_of_block) -> int:
-  counts = ripe_json.Counts()
+  counts = reference.Counts()
   for block in _blocks(path):
     rows_of_block(block, path, counts, skip_bad=False)
   return counts.results
@@ -87,7 +89,7 @@ def _readers(label: str, path: str, results: int) -> None:
       "pyarrow read_json alone",
       lambda b: pj.read_json(pa.BufferReader(b), parse_options=_PYARROW_PARSE),
     ),
-    ("duckdb read_json alone", ripe_json._read),
+    ("duckdb read_json alone", reference._read),
   ):
     _, wall, cpu = _timed(lambda read=read: [read(b) for b in blocks])
     _print(label, what, results, wall, cpu, f", {size / cpu / 1e6:.0f} MB/s per core")
@@ -95,20 +97,20 @@ def _readers(label: str, path: str, results: int) -> None:
 
 def _report(label: str, path: str, work: str, one_reader: bool = False) -> None:
   for what, rows_of_block in (
-    ("read+map, scanner", ripe_scan.rows_of_block),
-    ("read+map, DuckDB path", ripe_json.rows_of_block),
+    ("read+map, scanner", scan.rows_of_block),
+    ("read+map, DuckDB path", reference.rows_of_block),
   ):
     results, wall, cpu = _timed(lambda f=rows_of_block: _read_and_map(path, f))
     _print(label, what, results, wall, cpu)
   readers = min(ingest.READERS, os.cpu_count() or 1)
   runs = [(n, True) for n in ([1] if one_reader and readers > 1 else []) + [readers]]
-  for n, scan in [*runs, (readers, False)]:
+  for n, scanner in [*runs, (readers, False)]:
     summary, wall, cpu = _timed(
-      lambda n=n, scan=scan: ingest.ingest(
-        [path], os.path.join(work, "out"), progress=False, readers=n, scan=scan
+      lambda n=n, scanner=scanner: ingest.ingest(
+        [path], os.path.join(work, "out"), progress=False, readers=n, scan=scanner
       )
     )
-    what = f"ingest, {n} thread{'s' if n > 1 else ''}, {'scanner' if scan else 'DuckDB path'}"
+    what = f"ingest, {n} thread{'s' if n > 1 else ''}, {'scanner' if scanner else 'DuckDB path'}"
     _print(label, what, results, wall, cpu, f", {summary.counts.rows:,} rows")
 
 
@@ -136,10 +138,10 @@ def main() -> None:
       f" ({os.path.getsize(three) / args.rows:.0f} with 3 packets),"
       f" {os.cpu_count()} CPUs on this machine"
     )
-    ripe_json._read(b'{"msm_id": 1}\n')  # DuckDB's one-off start (its JSON extension) untimed
+    reference._read(b'{"msm_id": 1}\n')  # DuckDB's one-off start (its JSON extension) untimed
     started = time.perf_counter()  # the scanner's machine code, compiled on first use ever
-    ripe_scan.rows_of_block(
-      ripe_json.Block(lines[: lines.index(b"\n") + 1], 1, 1, "line"), path, ripe_json.Counts(), True
+    scan.rows_of_block(
+      reference.Block(lines[: lines.index(b"\n") + 1], 1, 1, "line"), path, reference.Counts(), True
     )
     print(
       f"scanner ready in {time.perf_counter() - started:.1f} s (compiled, or loaded from cache)"

@@ -60,7 +60,7 @@ def main() -> int:
 
 
 def measure(work: Path, args) -> dict:
-  from maxtext_netdata.data.generate import generate
+  from maxtext_netdata.data.synthetic.generate import generate
 
   plugin.install()
   common = [
@@ -90,7 +90,7 @@ def measure(work: Path, args) -> dict:
       f"network_prepared_dir={work / 'prepared'}",
     ],
   )
-  from maxtext_netdata.data import prepare
+  from maxtext_netdata.data.prepare import prepare
 
   prepare.ensure_prepared(plugin.network_config(ours_cfg), progress=False)
   results = {"cpu_cores": len(os.sched_getaffinity(0))}

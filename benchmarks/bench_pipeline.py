@@ -50,7 +50,7 @@ from maxtext_netdata.input_pipeline.sequences import KEYS, BatchBuilder  # noqa:
 _COMPILE_SCRIPT = """
 import sys, time
 t0 = time.perf_counter()
-from maxtext_netdata.data.store import PreparedStore
+from maxtext_netdata.data.store.store import PreparedStore
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 t1 = time.perf_counter()
 b = BatchBuilder(PreparedStore(sys.argv[1]), seq_len=1024, global_batch_size=8, seed=0,

@@ -35,7 +35,7 @@ def _child(data_dir: str, prepared_dir: str, hashed: bool) -> None:
   import psutil  # noqa: PLC0415  (imports counted in the baseline, not in prepare's figures)
 
   from maxtext_netdata import config  # noqa: PLC0415
-  from maxtext_netdata.data import prepare  # noqa: PLC0415
+  from maxtext_netdata.data.prepare import prepare  # noqa: PLC0415
 
   cfg = config.load(
     None,
@@ -75,9 +75,11 @@ def _child(data_dir: str, prepared_dir: str, hashed: bool) -> None:
 
 def _compile_child() -> None:
   """Print the seconds this process takes to make prepare's numba kernels ready (JSON)."""
-  from maxtext_netdata.data import ip_text, lookup, row_kernels  # noqa: PLC0415
+  from maxtext_netdata.data.prepare import row_kernels  # noqa: PLC0415
+  from maxtext_netdata.data.raw import ip_text  # noqa: PLC0415
+  from maxtext_netdata.kernels import hash_table  # noqa: PLC0415
 
-  seconds = ip_text.compile_seconds() + lookup.compile_seconds() + row_kernels.compile_seconds()
+  seconds = ip_text.compile_seconds() + hash_table.compile_seconds() + row_kernels.compile_seconds()
   print(json.dumps({"seconds": seconds}))
 
 
@@ -120,7 +122,7 @@ def _load_child(data_dir: str, prepared_dir: str, steps: int, workers: int) -> N
   from absl import flags  # noqa: PLC0415
 
   from maxtext_netdata import config  # noqa: PLC0415
-  from maxtext_netdata.data import prepare  # noqa: PLC0415
+  from maxtext_netdata.data.prepare import prepare  # noqa: PLC0415
   from maxtext_netdata.input_pipeline import network_grain  # noqa: PLC0415
   from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: PLC0415
 
@@ -195,11 +197,12 @@ def main() -> int:
     _load_child(*args.load_child, args.load_steps, args.workers)
     return 0
 
-  from maxtext_netdata.data import generate  # noqa: PLC0415
+  from maxtext_netdata.data.raw import layout  # noqa: PLC0415
+  from maxtext_netdata.data.synthetic import generate  # noqa: PLC0415
 
   with tempfile.TemporaryDirectory() as tmp:
     data_dir = args.data or os.path.join(tmp, "raw")
-    marker = os.path.join(data_dir, generate.COMPLETE_MARKER)
+    marker = os.path.join(data_dir, layout.COMPLETE_MARKER)
     world_rows = args.world_rows or args.rows
     wanted = {"rows": args.rows, "shards": args.shards, "seed": 0, "world_rows": world_rows}
     try:

@@ -18,8 +18,8 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from maxtext_netdata.data import schema
-from maxtext_netdata.data.generate import generate
+from maxtext_netdata.data.raw import schema
+from maxtext_netdata.data.synthetic.generate import generate
 
 
 def _best(fn, repeats: int = 3) -> float:

@@ -23,8 +23,8 @@ import psutil
 from absl import flags
 
 from maxtext_netdata import config as config_lib
-from maxtext_netdata.data import prepare
-from maxtext_netdata.data.generate import generate
+from maxtext_netdata.data.prepare import prepare
+from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.input_pipeline import network_grain
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 

@@ -7,7 +7,7 @@ For a store on a mount (shared or local), the pipeline can map it where it is or
 local folder once (what `prepare` does for gs:// and s3://). This loads `--steps` batches of
 `configs/latency_network.yml` (8 sequences, in-process) from the store in place with its pages
 dropped from page cache first (`posix_fadvise(DONTNEED)` on its files only, so nothing else on
-the machine is disturbed), then copies it (`pyarrow.fs.copy_files`, as `data.store_copy`
+the machine is disturbed), then copies it (`pyarrow.fs.copy_files`, as `data.store.remote_copy`
 does) to `--copy-to` and loads from the copy, warm (as it is right after copying) and cold.
 It prints the copy's time and the first batch and batches/s of each.
 """
@@ -39,7 +39,7 @@ def _drop_cache(folder: str) -> int:
 
 def _load(cfg, root: str, steps: int) -> tuple[float, float]:
   """(first batch seconds, batches/s after it) from the store at `root`, plans not cached."""
-  from maxtext_netdata.data import store  # noqa: PLC0415
+  from maxtext_netdata.data.store import store  # noqa: PLC0415
   from maxtext_netdata.input_pipeline import epoch_plan, network_grain  # noqa: PLC0415
   from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: PLC0415
 

@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import reference_tokenizer  # noqa: E402
 
-from maxtext_netdata.data import addresses, schema  # noqa: E402
-from maxtext_netdata.data.generate import generate  # noqa: E402
+from maxtext_netdata.data.raw import addresses, reader  # noqa: E402
+from maxtext_netdata.data.synthetic.generate import generate  # noqa: E402
 from maxtext_netdata.format import tokenizer  # noqa: E402
 
 TOKENS_PER_SEQUENCE = 1024
@@ -55,7 +55,7 @@ def report(name: str, count: float, unit: str, seconds: tuple[float, float]) -> 
 
 def measurement_columns(path: str, rng: np.random.Generator) -> dict:
   """Encode inputs for the rows of one generated file, as a pipeline would build them."""
-  columns, _ = schema.read_raw(path)
+  columns, _ = reader.read_raw(path)
   n = len(columns)
   rtt_bytes, failed = tokenizer.rtt_bytes(columns.rtt)
   has_ts = rng.random(n) < 0.7  # the mix of full / partial / none contexts
@@ -139,7 +139,7 @@ def main() -> None:
     report("generate (4 shards, parquet written)", args.rows, "rows", seconds)
     path = sorted(p for p in os.listdir(folder) if p.endswith(".parquet"))[0]
     path = os.path.join(folder, path)
-    columns, _ = schema.read_raw(path)
+    columns, _ = reader.read_raw(path)
     text = columns.src_text
     seconds = best_of(
       lambda: addresses.parse_addresses(text, columns.version, source=path, column_name="src_addr"),

@@ -1,7 +1,9 @@
 """The room map of maxtext_netdata, read from its imports: `python scripts/room_graph.py`
 rewrites the Mermaid flowchart between the `rooms` markers of docs/architecture.md.
 
-A room is a subpackage of maxtext_netdata (or a module at its root: config, errors). An edge
+A room is a subpackage of maxtext_netdata (or a module at its root: config, errors); inside
+`data/`, whose stages are rooms of their own, a room is the deepest subpackage a module sits in
+(`data/prepare`, `data/ripe/scanner`; `data` itself holds `remote`). An edge
 A --> B means some module of room A imports room B: at module level, inside a function (a lazy
 import is still a dependency) or by name ("maxtext_netdata.data.prepare", "module:function",
 as the CLI's command table and the dataset-type registry do). `if __name__ == "__main__":`
@@ -26,18 +28,31 @@ LAYERS = (
   ("cli",),
   ("trainer", "bench", "maxtext"),
   ("input_pipeline",),
-  ("data", "distributed"),
-  ("format",),
+  ("data/prepare", "distributed"),
+  ("data/ripe", "data/synthetic", "data/store"),
+  ("data/raw", "data/ripe/scanner"),
+  ("data", "format"),
+  ("kernels",),
   ("config", "errors"),
 )
+# Rooms whose subpackages are rooms of their own.
+NESTED = ("data",)
 
 
 def room_of(module: str) -> str | None:
-  """`maxtext_netdata.data.prepare` -> "data"; None outside the package or for its root."""
+  """`maxtext_netdata.trainer.train` -> "trainer", `maxtext_netdata.data.prepare.partition`
+  -> "data/prepare", `maxtext_netdata.data.remote` -> "data"; None outside the package or for
+  its root."""
   parts = module.split(".")
   if parts[0] != "maxtext_netdata" or len(parts) < 2 or parts[1] in ("__init__", "__main__"):
     return None
-  return parts[1]
+  room = [parts[1]]
+  if parts[1] in NESTED:
+    for part in parts[2:]:
+      if not PACKAGE.joinpath(*room, part).is_dir():
+        break
+      room.append(part)
+  return "/".join(room)
 
 
 def _is_main_block(node: ast.AST) -> bool:
@@ -115,6 +130,11 @@ def room_edges() -> dict[str, set[str]]:
   return dict(edges)
 
 
+def _node(room: str) -> str:
+  """A Mermaid node id for a room ("data/ripe/scanner" -> "data_ripe_scanner")."""
+  return room.replace("/", "_")
+
+
 def mermaid() -> str:
   """The room map as a Mermaid flowchart, layer by layer, config and errors left implicit."""
   edges = room_edges()
@@ -126,12 +146,13 @@ def mermaid() -> str:
   ]
   for layer in LAYERS:
     for room in layer:
-      lines.append(f'  {room}["{room}.py"]' if room in everywhere else f'  {room}["{room}/"]')
+      label = f"{room}.py" if room in everywhere else f"{room}/"
+      lines.append(f'  {_node(room)}["{label}"]')
   for source in [room for layer in LAYERS for room in layer]:
     for target in sorted(edges.get(source, ()) - everywhere):
       # config reads only the dataset-type names (tests/cli/test_architecture.py checks it).
       arrow = " -. dataset-type names .-> " if source == "config" else " --> "
-      lines.append(f"  {source}{arrow}{target}")
+      lines.append(f"  {_node(source)}{arrow}{_node(target)}")
   return "\n".join([*lines, "```"]) + "\n"
 
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from maxtext_netdata.data.generate import generate
+from maxtext_netdata.data.synthetic.generate import generate
 
 
 @pytest.fixture(scope="session")

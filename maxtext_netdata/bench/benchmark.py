@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
       f"bench measures the data pipeline: dataset_type must be network_grain, not"
       f" {cfg.dataset_type!r} (the synthetic run is made by bench itself)"
     )
-  from maxtext_netdata.data import prepare
+  from maxtext_netdata.data.prepare import prepare
 
   _progress("preparing the store (cached after the first run)")
   prepare.ensure_prepared(cfg)
@@ -269,7 +269,7 @@ def measure_stages(cfg: Config, device_mesh, batches: int) -> dict:
   finished batch, `device` = `interface.to_global` until the arrays are on the device.
   Step 0 is run once first, untimed, to build the epoch plan.
   """
-  from maxtext_netdata.data import prepare
+  from maxtext_netdata.data.prepare import prepare
   from maxtext_netdata.input_pipeline import interface, transforms
   from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 

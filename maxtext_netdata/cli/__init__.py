@@ -22,11 +22,14 @@ from maxtext_netdata.errors import DataError, UserError
 
 # name → (module, one-line help)
 COMMANDS = {
-  "generate": ("maxtext_netdata.data.generate", "write realistic raw ping parquet shards"),
-  "ingest": ("maxtext_netdata.data.ingest", "RIPE Atlas ping results (JSON) -> raw parquet"),
-  "prepare": ("maxtext_netdata.data.prepare", "raw parquet -> the prepared store (cached)"),
+  "generate": (
+    "maxtext_netdata.data.synthetic.generate",
+    "write realistic raw ping parquet shards",
+  ),
+  "ingest": ("maxtext_netdata.data.ripe.ingest", "RIPE Atlas ping results (JSON) -> raw parquet"),
+  "prepare": ("maxtext_netdata.data.prepare.prepare", "raw parquet -> the prepared store (cached)"),
   "tokenize": (
-    "maxtext_netdata.data.tokenize_cli",
+    "maxtext_netdata.data.prepare.tokenize_cli",
     "tokenize a raw parquet file, one JSON list per row",
   ),
   "decode": ("maxtext_netdata.format.decode_cli", "token ids back into readable measurements"),

@@ -39,7 +39,7 @@ _B = tk.BYTE_OFFSET
 def rtt_bytes(rtt_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """(uint8 [N, 2] RTT payload bytes, bool [N] failed) of RTTs in milliseconds.
 
-  The payload is a 5-bit exponent and an 11-bit mantissa of microseconds (SPEC §2):
+  The payload is a 5-bit exponent and an 11-bit mantissa of microseconds (docs/spec.md §2):
   `m * 2**e` us, truncated, at least 1 us. rtt < 0 is a failed probe (bytes 0). NaN or
   infinite RTTs raise ValueError.
   """

@@ -1,7 +1,7 @@
 """The netdata-v1 vocabulary: token ids and per-measurement token counts.
 
 Ids 0-266 are those of the original ping-LLM format; 267 is padding. Every token count of a
-measurement (SPEC §2) is derived here, and only here, from its blocks.
+measurement (docs/spec.md §2) is derived here, and only here, from its blocks.
 """
 
 MEASUREMENT_START = 0

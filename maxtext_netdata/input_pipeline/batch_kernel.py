@@ -4,11 +4,11 @@ For each row of the batch it takes the row's contexts (plan contexts, then with 
 fillers), and per context draws the mode, reads the candidate measurements from the store in
 time order only while they fit, decides their timestamps, orders them, and writes their tokens,
 segment ids and positions straight into the output arrays; with `shifted` it also writes the
-targets of MaxText's ShiftData (SPEC §4) from the finished row while it is in cache. Nothing
+targets of MaxText's ShiftData (docs/spec.md §4) from the finished row while it is in cache. Nothing
 is gathered that does not fit, no intermediate array spans the batch, and padding is written
 once, at the end of each row.
 
-The semantics (SPEC §3, every draw from `rng.py`'s counters) are those of the plain numpy
+The semantics (docs/spec.md §3, every draw from `rng.py`'s counters) are those of the plain numpy
 reference in tests/input_pipeline/reference_batches.py, which the tests compare it with; the
 batches are bit-identical to those of the numpy builder this kernel replaced.
 
@@ -27,10 +27,10 @@ import threading
 import numba
 import numpy as np
 
-from maxtext_netdata.data import kernel_cache
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.format.tokenizer import PERMUTATIONS
 from maxtext_netdata.input_pipeline import rng
+from maxtext_netdata.kernels import kernel_cache
 
 kernel_cache.install()  # the cache keyed on the token format's and rng's text too
 

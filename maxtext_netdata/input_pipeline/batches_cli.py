@@ -40,7 +40,7 @@ def digest(batch: dict[str, np.ndarray]) -> str:
 def run(args: argparse.Namespace) -> int:
   import jax  # noqa: PLC0415 (keeps `--help` fast)
 
-  from maxtext_netdata.data import prepare  # noqa: PLC0415
+  from maxtext_netdata.data.prepare import prepare  # noqa: PLC0415
   from maxtext_netdata.input_pipeline import network_grain  # noqa: PLC0415
   from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: PLC0415
 

@@ -37,11 +37,11 @@ import os
 
 import numpy as np
 
-from maxtext_netdata.data import store as store_lib
+from maxtext_netdata.data.store import store as store_lib
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline import rng
 
-# A timestamp's mean cost by mode, from the block lengths (SPEC §2).
+# A timestamp's mean cost by mode, from the block lengths (docs/spec.md §2).
 _DELTA1_LENGTH = tk.TS_BLOCK_LENGTH[tk.TS_DELTA1]
 _DELTA4_LENGTH = tk.TS_BLOCK_LENGTH[tk.TS_DELTA4]
 _FAILED_SAVING = tk.RESULT_BLOCK_LENGTH[False] - tk.RESULT_BLOCK_LENGTH[True]
@@ -66,7 +66,7 @@ def probe_stats(store, mode_weights, chunk_rows: int = 1 << 24) -> ProbeStats:
 
   From the IP version, the share of failed rows and the share of gaps over 255 s (DELTA4
   timestamps), weighting the timestamp cost by how often a measurement carries one (all of
-  `full`, about half of `partial`). The counts come with the store (`data.store`); a store
+  `full`, about half of `partial`). The counts come with the store (`data.store.store`); a store
   object without them is read in chunks of `chunk_rows`.
   """
   offsets = np.asarray(store.probe_offsets, dtype=np.int64)

@@ -115,11 +115,11 @@ def host_slice(config: Config, mesh: Mesh) -> HostSlice:
 
 
 def _network_grain(config: Config, mesh: Mesh):
-  from maxtext_netdata.data import store_check  # noqa: PLC0415 (only this dataset type needs it)
+  from maxtext_netdata.input_pipeline import shared_store  # noqa: PLC0415 (only this dataset type needs it)
 
   size, sharding, lo, hi = host_slice(config, mesh)
   # Process 0 prepares first; every process then checks it holds process 0's store.
-  splits = store_check.prepare_once(config)
+  splits = shared_store.prepare_shared_store(config)
   train = BatchBuilder.from_config(config, splits.train, size)
   train_iterator = DataIterator(
     network_grain.HostBatchIterator(config, train, lo, hi, train.num_steps), sharding, size

@@ -5,7 +5,7 @@
                                          (in-process: all six, ShiftData fused in the pass)
       .to_iter_dataset(ReadOptions)      in-process read threads and prefetch
       .mp_prefetch(MultiprocessingOptions)   only when grain_worker_count > 0
-      .map(ShiftData)                    with workers: the targets, shifted left (SPEC §4)
+      .map(ShiftData)                    with workers: the targets, shifted left (docs/spec.md §4)
 
 In-process with no read threads, `SynchronousIterator` calls the same BuildBatch per step
 itself: the same batches without Grain's per-element bookkeeping.

@@ -4,11 +4,11 @@
 (B = global batch size): each row is a plan row of the epoch plan (`epoch_plan.py`), and
 `batch_kernel.fill_batch` writes the batch from the plan rows and the store in one pass (per
 context a mode, timestamps, an order and a field order, filled with whole measurements until
-the next one would not fit, SPEC §3). Stages that can be timed separately:
+the next one would not fit, docs/spec.md §3). Stages that can be timed separately:
 
     rows = builder.gather(step, lo, hi)       # epoch and plan rows of the batch's rows
     batch = builder.build(rows)               # the three inputs arrays (what workers send)
-    batch = builder.build_shifted(rows)       # all six arrays, ShiftData included (SPEC §4)
+    batch = builder.build_shifted(rows)       # all six arrays, ShiftData included (docs/spec.md §4)
 
 Every random choice is `rng.random_bits` of (seed, epoch, plan row, context index,
 measurement index, purpose), so a row is a pure function of its coordinates: any worker count,

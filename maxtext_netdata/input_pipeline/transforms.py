@@ -33,7 +33,7 @@ def _kernel_shapes(batch: dict[str, np.ndarray]) -> bool:
 def shift_data(
   batch: dict[str, np.ndarray], pool: buffers.OutputPool | None = None
 ) -> dict[str, np.ndarray]:
-  """MaxText's ShiftData (SPEC §4) on a host batch of [rows, seq_len] arrays.
+  """MaxText's ShiftData (docs/spec.md §4) on a host batch of [rows, seq_len] arrays.
 
   `targets` shifted left by one with PAD last; `targets_segmentation` shifted left with 0
   last, then 0 wherever the new target is PAD, so the loss mask `targets_segmentation != 0`

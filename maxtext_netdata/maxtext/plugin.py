@@ -298,12 +298,12 @@ def _make_create_data_iterator(interface, original, iterator_class):
       )
     import jax  # noqa: PLC0415
 
-    from maxtext_netdata.data import store_check  # noqa: PLC0415
     from maxtext_netdata.distributed import multihost  # noqa: PLC0415
+    from maxtext_netdata.input_pipeline import shared_store  # noqa: PLC0415
     from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: PLC0415
 
     ours = network_config(config)
-    splits = store_check.prepare_once(ours)  # process 0 first; all hold the same store
+    splits = shared_store.prepare_shared_store(ours)  # process 0 first; all hold the same store
 
     def loader(batch_size, store, is_training):
       processes = interface.get_process_loading_real_data(

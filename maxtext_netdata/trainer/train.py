@@ -157,7 +157,7 @@ def _rtt_baseline(config: Config):
   """The unigram RTT baseline of the training split (network_grain only)."""
   if config.dataset_type != "network_grain":
     return None
-  from maxtext_netdata.data import prepare  # only network_grain has a prepared store
+  from maxtext_netdata.data.prepare import prepare  # only network_grain has a prepared store
 
   splits = prepare.ensure_prepared(config, progress=False)  # cached: the pipeline made it
   return evaluation.rtt_unigram_log_probs(splits.train, config.vocab_size)

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from maxtext_helpers import SMOKE, TINY_MODEL
+
+from tests.helpers.maxtext import SMOKE, TINY_MODEL
 
 pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
 
@@ -129,7 +130,7 @@ def test_a_sleeping_loader_map_is_the_bottleneck_and_workers_are_the_knob(tmp_pa
     TEXT,
     *corpus,
     "grain_worker_count=0",
-    "--loop-hook=maxtext_hooks:slow_loader",
+    "--loop-hook=tests.helpers.maxtext_hooks:slow_loader",
     "--steps=0",
     "--target-step-time=0.05",
     "--batches=3",
@@ -154,7 +155,7 @@ def test_reading_the_loss_each_step_is_forced_synchronization(tmp_path, network,
       *bigger,
       *network,
       jax_cache,
-      "--loop-hook=maxtext_hooks:sync_each_real_step",
+      "--loop-hook=tests.helpers.maxtext_hooks:sync_each_real_step",
       "--steps=5",
       "--batches=5",
       "--profile",

@@ -10,17 +10,27 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import room_graph  # noqa: E402
 
 _BASE = {"config", "errors"}
-_BELOW_CONSUMERS = {"format", "data", "distributed", "input_pipeline", *_BASE}
-# Room -> the rooms it may import, as each room's __init__ says. Flow: format <- data <-
-# input_pipeline <- trainer/bench/maxtext <- cli; distributed beside data; bench also measures
-# the trainer and MaxText.
+# The stages of `data/` (docs/architecture.md); `data` itself is their shared `remote` module.
+_DATA = {"data", "data/raw", "data/ripe", "data/ripe/scanner", "data/synthetic", "data/prepare"}
+_DATA |= {"data/store"}
+_BELOW_CONSUMERS = {"format", "kernels", "distributed", "input_pipeline", *_DATA, *_BASE}
+# Room -> the rooms it may import, as each room's __init__ says. Flow: kernels <- format <-
+# data's stages <- input_pipeline <- trainer/bench/maxtext <- cli; distributed beside data;
+# bench also measures the trainer and MaxText.
 ALLOWED = {
   "errors": set(),
   "config": {"input_pipeline"},  # the dataset-type registry only (see below)
+  "kernels": set(),
   "format": {"errors"},
   "distributed": _BASE,
-  "data": {"format", *_BASE},
-  "input_pipeline": {"format", "data", "distributed", *_BASE},
+  "data": {"errors"},
+  "data/raw": {"data", "kernels", "errors"},
+  "data/ripe/scanner": {"kernels"},
+  "data/ripe": {"data/ripe/scanner", "data/raw", "data", "kernels", *_BASE},
+  "data/synthetic": {"data/raw", *_BASE},
+  "data/store": {"data", "errors"},
+  "data/prepare": {"data/raw", "data/store", "data", "format", "kernels", *_BASE},
+  "input_pipeline": {"format", "kernels", "distributed", *_DATA, *_BASE},
   "trainer": _BELOW_CONSUMERS,
   "maxtext": _BELOW_CONSUMERS,
   "bench": {"trainer", "maxtext", *_BELOW_CONSUMERS},
@@ -54,8 +64,31 @@ def test_rooms_import_along_the_flow():
 
 def test_data_and_format_import_no_consumer():
   edges = room_graph.room_edges()
-  for room in ("data", "format"):
-    assert not edges.get(room, set()) & {"cli", "trainer", "bench", "maxtext"}, room
+  for room in (*_DATA, "format", "kernels"):
+    assert not edges.get(room, set()) & {"cli", "trainer", "bench", "maxtext", "input_pipeline"}, (
+      room
+    )
+
+
+def _third_party_imports(path: Path) -> set[str]:
+  """Top-level names of what `path` imports, at module level or inside functions."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    if isinstance(node, ast.Import):
+      found.update(a.name.split(".")[0] for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      found.add(node.module.split(".")[0])
+  return found
+
+
+def test_nothing_before_the_input_pipeline_imports_jax():
+  """Raw data, prepare and the store run on machines and in processes without JAX (a Beam
+  worker, a Grain worker); the multi-process store check lives in `input_pipeline/`."""
+  package = ROOT / "maxtext_netdata"
+  for room in ("data", "format", "kernels"):
+    for path in sorted((package / room).rglob("*.py")):
+      jax_like = _third_party_imports(path) & {"jax", "jaxlib", "flax", "optax", "orbax"}
+      assert not jax_like, f"{path.relative_to(ROOT)} imports {sorted(jax_like)}"
 
 
 def _our_imports(path: Path) -> set[str]:

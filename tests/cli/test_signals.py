@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 
-from process_helpers import REPO
+from tests.helpers.processes import REPO
 
 _SCRIPT = """
 import sys, time

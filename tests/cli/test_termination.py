@@ -12,9 +12,10 @@ import signal
 import sys
 import time
 
-import process_helpers
 import psutil
 import pytest
+
+from tests.helpers import processes
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ def jax_cache(tmp_path_factory) -> str:
 
 def _workers(proc) -> int:
   count = 0
-  for process in process_helpers.session(proc.pid):
+  for process in processes.session(proc.pid):
     try:
       command = " ".join(process.cmdline())
     except psutil.Error:
@@ -53,9 +54,7 @@ def test_sigterm_to_the_main_process_closes_its_workers(command, tmp_path, sampl
   if command[0] == "bench":
     overrides.append("--batches=1000000")
   shm = set(os.listdir("/dev/shm"))
-  proc = process_helpers.start(
-    [sys.executable, "-m", "maxtext_netdata", *command, *overrides], jax_cache
-  )
+  proc = processes.start([sys.executable, "-m", "maxtext_netdata", *command, *overrides], jax_cache)
   deadline = time.monotonic() + 180
   while _workers(proc) < 2 or not proc.shm_watch.seen:
     if proc.poll() is not None or time.monotonic() > deadline:
@@ -64,6 +63,6 @@ def test_sigterm_to_the_main_process_closes_its_workers(command, tmp_path, sampl
     time.sleep(0.1)
   time.sleep(1)  # batches in flight between the workers and the main process
   os.kill(proc.pid, signal.SIGTERM)
-  code, _, err = process_helpers.finish(proc, shm, timeout=60)
+  code, _, err = processes.finish(proc, shm, timeout=60)
   assert code == 128 + signal.SIGTERM, err[-2000:]
   assert f"maxtext-netdata {command[0]}: terminated (SIGTERM)" in err

@@ -15,8 +15,10 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from maxtext_netdata import config
-from maxtext_netdata.data import prepare, remote, store
-from maxtext_netdata.data.generate import generate
+from maxtext_netdata.data import remote
+from maxtext_netdata.data.prepare import prepare
+from maxtext_netdata.data.store import store
+from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.errors import DataError
 
 BUCKET = "pings"

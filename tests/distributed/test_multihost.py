@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import portpicker
-import process_helpers
 import pytest
 
 from maxtext_netdata import config
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.distributed import multihost
+from tests.helpers import processes
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_TIMEOUT_S = 90
@@ -49,7 +49,7 @@ def run_processes(
         JAX_PROCESS_ID=str(process_id),
         JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
       )
-    procs.append(process_helpers.popen(argv, env))
+    procs.append(processes.popen(argv, env))
   deadline = time.monotonic() + WORKER_TIMEOUT_S
   results = []
   try:
@@ -346,7 +346,7 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def raw_dir(tmp_path_factory) -> Path:
-  from maxtext_netdata.data.generate import generate  # noqa: PLC0415
+  from maxtext_netdata.data.synthetic.generate import generate  # noqa: PLC0415
 
   out = tmp_path_factory.mktemp("raw")
   generate(str(out), rows=20_000, shards=4, seed=7, progress=False)
@@ -535,6 +535,8 @@ def test_checkpoint_resumes_on_another_process_count_with_the_same_batches(
   # another order than one process with the same 4 devices), so a run that spent some steps on
   # another process count agrees to LOSS_RTOL_ACROSS_TOPOLOGIES, not to the last bit
   # (docs/multihost.md, "What is exact").
-  np.testing.assert_allclose(rest["final_loss"], whole["final_loss"], rtol=LOSS_RTOL_ACROSS_TOPOLOGIES)
+  np.testing.assert_allclose(
+    rest["final_loss"], whole["final_loss"], rtol=LOSS_RTOL_ACROSS_TOPOLOGIES
+  )
   records = [json.loads(line) for line in (base / "resume/metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records] == [0, 1, 2, 3]

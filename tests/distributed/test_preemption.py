@@ -16,16 +16,17 @@ import signal
 import time
 
 import portpicker
-import process_helpers
 import pytest
+
+from tests.helpers import processes
 
 pytestmark = pytest.mark.slow
 
 
 def test_sigterm_to_one_process_stops_both_after_the_same_step(tmp_path, sample_dir):
   out = tmp_path / "runs"
-  argv = process_helpers.train_argv(
-    process_helpers.train_overrides(sample_dir, out, "preempted", 100000, workers=1)
+  argv = processes.train_argv(
+    processes.train_overrides(sample_dir, out, "preempted", 100000, workers=1)
   )
   port = portpicker.pick_unused_port()
   shm = set(os.listdir("/dev/shm"))
@@ -34,13 +35,13 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step(tmp_path, sample_
     env = dict(
       os.environ,
       JAX_PLATFORMS="cpu",
-      PYTHONPATH=str(process_helpers.REPO),
+      PYTHONPATH=str(processes.REPO),
       JAX_NUM_PROCESSES="2",
       JAX_PROCESS_ID=str(process_id),
       JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
     )
-    proc = process_helpers.popen(argv, env)
-    proc.shm_watch = process_helpers._ShmWatch(proc)
+    proc = processes.popen(argv, env)
+    proc.shm_watch = processes._ShmWatch(proc)
     procs.append(proc)
   try:
     metrics = out / "preempted" / "metrics.jsonl"
@@ -50,7 +51,7 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step(tmp_path, sample_
       assert time.monotonic() < deadline, "no step 3 within 180 s"
       time.sleep(0.2)
     os.kill(procs[1].pid, signal.SIGTERM)  # one host's notice only
-    results = [process_helpers.finish(proc, shm, timeout=90) for proc in procs]
+    results = [processes.finish(proc, shm, timeout=90) for proc in procs]
   finally:
     for proc in procs:
       if proc.poll() is None:

@@ -7,9 +7,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-import reference_tokenizer as ref
 
 from maxtext_netdata.format import hashed_order, tokenizer
+from tests.helpers import reference_tokenizer as ref
 
 EDGE_SEEDS = [0, 1, 2, 19650218, 2**31, 2**32 - 1]
 
@@ -39,7 +39,7 @@ def test_mersenne_twister_outputs_match_python():
 
 
 def _oracle(src, dst, seconds, has_ts) -> int:
-  """SPEC §2's order from the reference tokenizer (md5 seed, `random.Random(seed).shuffle`)."""
+  """docs/spec.md §2's order from the reference tokenizer (md5 seed, `random.Random(seed).shuffle`)."""
   names = ref.hashed_order(src, dst, int(seconds), has_ts)
   ids = [{ref.SRC: 0, ref.DST: 1, ref.RESULT: 2, ref.TIMESTAMP: 3}[n] for n in names]
   return [tuple(p) for p in tokenizer.PERMUTATIONS.tolist()].index(tuple(ids))

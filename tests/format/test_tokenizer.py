@@ -1,4 +1,4 @@
-"""The vectorized netdata-v1 tokenizer against SPEC §2's golden vectors and a per-row oracle."""
+"""The vectorized netdata-v1 tokenizer against docs/spec.md §2's golden vectors and a per-row oracle."""
 
 import datetime
 import ipaddress
@@ -8,11 +8,11 @@ import socket
 import numpy as np
 import pyarrow as pa
 import pytest
-import reference_tokenizer as ref
 
-from maxtext_netdata.data.addresses import parse_addresses
+from maxtext_netdata.data.raw.addresses import parse_addresses
 from maxtext_netdata.format import tokenizer
 from maxtext_netdata.format import tokens as tk
+from tests.helpers import reference_tokenizer as ref
 
 JULY_1_2025 = int(datetime.datetime(2025, 7, 1, tzinfo=datetime.UTC).timestamp())
 BLOCK_NAMES = [ref.SRC, ref.DST, ref.RESULT, ref.TIMESTAMP]
@@ -61,7 +61,7 @@ def _encode_rows(src_text, dst_text, version, rtt, seconds, has_ts, starts, orde
 
 
 def _random_rows(n, seed):
-  """Random measurements with the edge cases of SPEC §2 mixed in."""
+  """Random measurements with the edge cases of docs/spec.md §2 mixed in."""
   rng = np.random.default_rng(seed)
   version = np.where(rng.random(n) < 0.58, 4, 6).astype(np.uint8)
   special = {

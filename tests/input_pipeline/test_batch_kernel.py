@@ -9,15 +9,15 @@ import subprocess
 import sys
 
 import numpy as np
-import pipeline_helpers
 import pytest
 
 from maxtext_netdata.input_pipeline import epoch_plan, rng
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder, BatchRows
+from tests.helpers import pipeline
 
 _FIRST_BATCH = """
 import json, sys, time
-from maxtext_netdata.data.store import PreparedStore
+from maxtext_netdata.data.store.store import PreparedStore
 from maxtext_netdata.input_pipeline import batch_kernel
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 b = BatchBuilder(PreparedStore(sys.argv[1]), seq_len=256, global_batch_size=4, seed=0,
@@ -36,7 +36,7 @@ print(json.dumps({"seconds": time.perf_counter() - start,
 def test_a_new_process_loads_the_kernel_from_the_disk_cache(tmp_path):
   """The first process ever compiles and stores the kernel; every later one (a spawned Grain
   worker included) loads it from the on-disk cache instead of compiling."""
-  store = pipeline_helpers.write_store(str(tmp_path / "train"), probes=20)
+  store = pipeline.write_store(str(tmp_path / "train"), probes=20)
   env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba_cache")}
 
   def first_batch() -> dict:
@@ -61,7 +61,7 @@ def test_a_new_process_loads_the_kernel_from_the_disk_cache(tmp_path):
 def test_the_kernel_refuses_a_context_counter_past_its_bits(tmp_path):
   """A row with more contexts than 12 bits count would reuse draws of its first contexts:
   the kernel raises instead (BatchBuilder refuses such sequence lengths before)."""
-  store = pipeline_helpers.write_store(str(tmp_path / "train"), probes=20)
+  store = pipeline.write_store(str(tmp_path / "train"), probes=20)
   b = BatchBuilder(
     store,
     seq_len=1024,
@@ -98,7 +98,7 @@ def test_a_corrupted_field_order_in_the_store_is_a_data_error(tmp_path):
   is a one-line DataError naming the store, never a read past the table."""
   from maxtext_netdata.errors import DataError
 
-  store = pipeline_helpers.write_store(str(tmp_path / "train"), probes=20)
+  store = pipeline.write_store(str(tmp_path / "train"), probes=20)
   path = os.path.join(store.path, "hashed_order.npy")
   orders = np.load(path)
   orders[:] = 200
@@ -126,7 +126,7 @@ def test_outputs_are_aligned_for_jax_to_use_them_in_place(tmp_path):
 
   from maxtext_netdata.input_pipeline import interface, transforms
 
-  store = pipeline_helpers.write_store(str(tmp_path / "train"), probes=20)
+  store = pipeline.write_store(str(tmp_path / "train"), probes=20)
   b = BatchBuilder(
     store,
     seq_len=256,
@@ -152,7 +152,7 @@ def test_outputs_are_aligned_for_jax_to_use_them_in_place(tmp_path):
 
 _BACKGROUND = """
 import sys, threading
-from maxtext_netdata.data.store import PreparedStore
+from maxtext_netdata.data.store.store import PreparedStore
 from maxtext_netdata.input_pipeline import batch_kernel
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 assert "numba.np.arraymath" not in sys.modules  # importing the kernel sets up nothing yet
@@ -166,7 +166,7 @@ print("numba.np.arraymath" in sys.modules, len(batch_kernel.fill_batch.overloads
 
 
 def test_a_builder_sets_up_the_kernel_s_compiler_state_on_a_thread(tmp_path):
-  store = pipeline_helpers.write_store(str(tmp_path / "train"), probes=20)
+  store = pipeline.write_store(str(tmp_path / "train"), probes=20)
   result = subprocess.run(
     [sys.executable, "-c", _BACKGROUND, store.path],
     capture_output=True,

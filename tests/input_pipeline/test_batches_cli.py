@@ -8,21 +8,21 @@ import subprocess
 import sys
 
 import numpy as np
-import pipeline_helpers
 import pytest
 
 from maxtext_netdata import cli
 from maxtext_netdata import config as config_lib
-from maxtext_netdata.data import prepare
+from maxtext_netdata.data.prepare import prepare
 from maxtext_netdata.input_pipeline import network_grain
 from maxtext_netdata.input_pipeline.sequences import KEYS, BatchBuilder
+from tests.helpers import pipeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def overrides(tmp_path_factory):
-  return pipeline_helpers.small_run_overrides(tmp_path_factory.mktemp("batches"))
+  return pipeline.small_run_overrides(tmp_path_factory.mktemp("batches"))
 
 
 def run_batches(capsys, overrides, *args):

@@ -9,17 +9,17 @@ import time
 
 import jax
 import numpy as np
-import pipeline_helpers
 import pytest
 
 from maxtext_netdata.input_pipeline import buffers, interface, network_grain
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 from maxtext_netdata.input_pipeline.transforms import ShiftData
+from tests.helpers import pipeline
 
 
 @pytest.fixture(scope="module")
 def builder(tmp_path_factory):
-  store = pipeline_helpers.write_store(str(tmp_path_factory.mktemp("buffers") / "train"), probes=20)
+  store = pipeline.write_store(str(tmp_path_factory.mktemp("buffers") / "train"), probes=20)
   return BatchBuilder(
     store, seq_len=256, global_batch_size=4, seed=0, packing=True, shuffle=True,
     mode_weights=(0.4, 0.3, 0.3), field_order="random", num_epoch=-1,

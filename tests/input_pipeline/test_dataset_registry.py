@@ -5,12 +5,12 @@ import math
 import os
 
 import pytest
-from train_helpers import IndexedBatches
 
 from maxtext_netdata import config
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.input_pipeline import register_dataset_type, registry
 from maxtext_netdata.trainer import train
+from tests.helpers.train import IndexedBatches
 
 MAXTEXT_SMOKE = os.path.join(
   os.path.dirname(__file__), "..", "..", "configs", "maxtext", "smoke.yml"

@@ -9,17 +9,17 @@ import subprocess
 import sys
 
 import numpy as np
-import pipeline_helpers
 import pytest
 
 from maxtext_netdata.input_pipeline import epoch_plan, rng
+from tests.helpers import pipeline
 
 WEIGHTS = (0.4, 0.3, 0.3)
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-  return pipeline_helpers.write_store(str(tmp_path_factory.mktemp("store") / "train"))
+  return pipeline.write_store(str(tmp_path_factory.mktemp("store") / "train"))
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_pieces_partition_every_probe(store, stats):
 
 _PLAN_DIGEST = """
 import dataclasses, hashlib, sys
-from maxtext_netdata.data import store as store_lib
+from maxtext_netdata.data.store import store as store_lib
 from maxtext_netdata.input_pipeline import epoch_plan
 stats = epoch_plan.probe_stats(store_lib.PreparedStore(sys.argv[1]), (0.4, 0.3, 0.3))
 stats = dataclasses.replace(stats, plans_dir=None)  # computed here, not read from disk

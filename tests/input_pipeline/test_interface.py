@@ -9,17 +9,17 @@ import textwrap
 
 import jax
 import numpy as np
-import pipeline_helpers
 import pytest
 
 from maxtext_netdata import config as config_lib
 from maxtext_netdata.config import ConfigError
-from maxtext_netdata.data import prepare
+from maxtext_netdata.data.prepare import prepare
 from maxtext_netdata.distributed import mesh as mesh_lib
 from maxtext_netdata.format import tokenizer
 from maxtext_netdata.input_pipeline import create_data_iterator
 from maxtext_netdata.input_pipeline.batches_cli import digest
 from maxtext_netdata.input_pipeline.sequences import KEYS
+from tests.helpers import pipeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.fixture(scope="module")
 def overrides(tmp_path_factory):
   root = tmp_path_factory.mktemp("interface")
-  return [*pipeline_helpers.small_run_overrides(root), "grain_worker_count=0", "eval_steps=3"]
+  return [*pipeline.small_run_overrides(root), "grain_worker_count=0", "eval_steps=3"]
 
 
 def test_network_grain_yields_global_arrays_of_the_host_batches(overrides):
@@ -92,7 +92,7 @@ def test_eval_is_one_pass_over_held_out_probes(overrides):
     for row in np.asarray(batch["inputs"]):
       seen.update(m["src"] for m in tokenizer.decode(row))
   eval_text = {
-    pipeline_helpers.address(src, int(version))
+    pipeline.address(src, int(version))
     for src, version in zip(splits.eval.probe_src, splits.eval.probe_version, strict=True)
   }
   assert seen <= eval_text

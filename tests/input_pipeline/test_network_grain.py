@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-import pipeline_helpers
 import psutil
 import pytest
 from absl import flags
@@ -18,6 +17,7 @@ from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline import network_grain
 from maxtext_netdata.input_pipeline.batches_cli import digest
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
+from tests.helpers import pipeline
 
 BATCH = 8
 
@@ -31,7 +31,7 @@ def absl_flags_parsed():
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-  return pipeline_helpers.write_store(
+  return pipeline.write_store(
     str(tmp_path_factory.mktemp("store") / "train"), probes=40, mean_rows=200
   )
 
@@ -197,7 +197,7 @@ def test_killed_worker_stops_the_iterator_with_a_clear_error(store):
 def test_workers_need_parsed_absl_flags_outside_our_entry_points(store):
   script = f"""
 from maxtext_netdata import config as config_lib
-from maxtext_netdata.data.store import PreparedStore
+from maxtext_netdata.data.store.store import PreparedStore
 from maxtext_netdata.errors import UserError
 from maxtext_netdata.input_pipeline import network_grain
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder

@@ -9,21 +9,20 @@ import subprocess
 import sys
 
 import numpy as np
-import pipeline_helpers
 import pytest
-import reference_batches
 
 from maxtext_netdata.format import tokenizer
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS, KEYS, BatchBuilder
 from maxtext_netdata.input_pipeline.transforms import shift_data
+from tests.helpers import pipeline, reference_batches
 
 SEQ_LEN = 256
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-  return pipeline_helpers.write_store(str(tmp_path_factory.mktemp("store") / "train"))
+  return pipeline.write_store(str(tmp_path_factory.mktemp("store") / "train"))
 
 
 def builder(store, **overrides) -> BatchBuilder:
@@ -91,7 +90,7 @@ def test_every_segment_decodes_to_one_probe_in_one_mode(store, packing, field_or
   segments = []
   for step in range(4):
     batch, layout = build(b, step)
-    for mode, count in pipeline_helpers.check_host_batch(store, layout, batch, SEQ_LEN).items():
+    for mode, count in pipeline.check_host_batch(store, layout, batch, SEQ_LEN).items():
       modes[mode] += count
     orders.update(layout.order.tolist())
     if field_order == "hashed":
@@ -112,7 +111,7 @@ def test_mode_weights_choose_the_modes(store):
   assert (layout.ts_kind == tk.TS_NONE).all()
   b = builder(store, mode_weights=(1.0, 0.0, 0.0))
   batch, layout = build(b, 0)
-  modes = pipeline_helpers.check_host_batch(store, layout, batch, SEQ_LEN)
+  modes = pipeline.check_host_batch(store, layout, batch, SEQ_LEN)
   assert modes["partial"] == modes["none"] == 0
 
 
@@ -155,7 +154,7 @@ def test_rows_are_independent_of_how_the_batch_is_split(store):
 
 _DIGEST_SCRIPT = """
 import hashlib, sys
-from maxtext_netdata.data import store as store_lib
+from maxtext_netdata.data.store import store as store_lib
 from maxtext_netdata.input_pipeline.sequences import KEYS, BatchBuilder
 b = BatchBuilder(store_lib.PreparedStore(sys.argv[1]), seq_len=256, global_batch_size=8, seed=0,
   packing=True, shuffle=True, mode_weights=(0.4, 0.3, 0.3), field_order="random", num_epoch=2)
@@ -190,7 +189,7 @@ def test_same_config_same_batches_in_another_process(store):
 
 
 def reference_shift(batch):
-  """ShiftData written out per position from SPEC §4, targets = inputs before it."""
+  """ShiftData written out per position from docs/spec.md §4, targets = inputs before it."""
   out = {k: batch[k].copy() for k in INPUT_KEYS}
   out["targets"] = batch["inputs"].copy()
   out["targets_segmentation"] = batch["inputs_segmentation"].copy()
@@ -260,7 +259,7 @@ def test_a_segment_is_the_tokenizers_encoding(store):
 def test_hashed_order_needs_a_hashed_store(tmp_path):
   from maxtext_netdata.errors import DataError
 
-  plain = pipeline_helpers.write_store(str(tmp_path / "plain"), probes=10, hashed=False)
+  plain = pipeline.write_store(str(tmp_path / "plain"), probes=10, hashed=False)
   with pytest.raises(DataError, match="hashed"):
     builder(plain, field_order="hashed")
 
@@ -268,7 +267,7 @@ def test_hashed_order_needs_a_hashed_store(tmp_path):
 def test_too_little_data_for_one_batch_is_an_error(tmp_path):
   from maxtext_netdata.errors import DataError
 
-  tiny = pipeline_helpers.write_store(str(tmp_path / "tiny"), probes=5, mean_rows=5)
+  tiny = pipeline.write_store(str(tmp_path / "tiny"), probes=5, mean_rows=5)
   with pytest.raises(DataError, match="fewer than one global batch"):
     _ = builder(tiny, global_batch_size=1000).steps_per_epoch
 

@@ -18,7 +18,8 @@ import types
 
 import numpy as np
 import pytest
-from maxtext_helpers import SMOKE, TINY_MODEL
+
+from tests.helpers.maxtext import SMOKE, TINY_MODEL
 
 pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
 
@@ -116,7 +117,7 @@ def test_resume_from_maxtext_checkpoint_continues_the_data_exactly(
   assert all(m["perf/data_wait_seconds"] >= 0 for m in whole)
 
   # The padding MaxText saw at each step is that of our pipeline's batch of that step.
-  from maxtext_netdata.data import prepare  # noqa: PLC0415
+  from maxtext_netdata.data.prepare import prepare  # noqa: PLC0415
   from maxtext_netdata.input_pipeline import network_grain  # noqa: PLC0415
   from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: PLC0415
 

@@ -6,10 +6,10 @@ import types
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from train_helpers import shift_data
 
 from maxtext_netdata.format import tokens
 from maxtext_netdata.trainer import evaluation
+from tests.helpers.train import shift_data
 
 B = tokens.BYTE_OFFSET
 

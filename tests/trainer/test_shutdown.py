@@ -15,9 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-import process_helpers
 import psutil
 import pytest
+
+from tests.helpers import processes
 
 pytestmark = pytest.mark.slow
 
@@ -28,10 +29,10 @@ def jax_cache(tmp_path_factory) -> str:
 
 
 def _overrides(sample_dir, out: Path, run_name: str, steps: int) -> list[str]:
-  return process_helpers.train_overrides(sample_dir, out, run_name, steps, workers=2)
+  return processes.train_overrides(sample_dir, out, run_name, steps, workers=2)
 
 
-_train_argv = process_helpers.train_argv
+_train_argv = processes.train_argv
 
 
 def _wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 180):
@@ -55,11 +56,11 @@ def test_sigterm_saves_at_the_next_step_and_the_resumed_run_continues_exactly(
 ):
   out = tmp_path / "runs"
   shm = set(os.listdir("/dev/shm"))
-  proc = process_helpers.start(_train_argv(_overrides(sample_dir, out, "cut", 100000)), jax_cache)
+  proc = processes.start(_train_argv(_overrides(sample_dir, out, "cut", 100000)), jax_cache)
   _wait_for_step(out / "cut" / "metrics.jsonl", 3, proc)
   os.kill(proc.pid, signal.SIGTERM)  # the main process only, as Slurm or Kubernetes do
   signalled = time.monotonic()
-  code, out_text, err = process_helpers.finish(proc, shm, timeout=60)
+  code, out_text, err = processes.finish(proc, shm, timeout=60)
   assert time.monotonic() - signalled < 60
   assert code == 128 + signal.SIGTERM, err[-2000:]
   saved = [int(p.name) for p in (out / "cut" / "checkpoints").iterdir() if p.name.isdigit()]
@@ -69,13 +70,13 @@ def test_sigterm_saves_at_the_next_step_and_the_resumed_run_continues_exactly(
 
   steps = cut_at + 3
   shm = set(os.listdir("/dev/shm"))
-  code, _, err = process_helpers.finish(
-    process_helpers.start(_train_argv(_overrides(sample_dir, out, "cut", steps)), jax_cache), shm
+  code, _, err = processes.finish(
+    processes.start(_train_argv(_overrides(sample_dir, out, "cut", steps)), jax_cache), shm
   )
   assert code == 0, err[-2000:]
   shm = set(os.listdir("/dev/shm"))
-  code, _, err = process_helpers.finish(
-    process_helpers.start(_train_argv(_overrides(sample_dir, out, "whole", steps)), jax_cache), shm
+  code, _, err = processes.finish(
+    processes.start(_train_argv(_overrides(sample_dir, out, "whole", steps)), jax_cache), shm
   )
   assert code == 0, err[-2000:]
   whole = _losses(out / "whole" / "metrics.jsonl")
@@ -85,7 +86,7 @@ def test_sigterm_saves_at_the_next_step_and_the_resumed_run_continues_exactly(
 
 def _grain_workers(proc: subprocess.Popen) -> list[psutil.Process]:
   found = []
-  for process in process_helpers.session(proc.pid):
+  for process in processes.session(proc.pid):
     try:
       if process.pid != proc.pid and "resource_tracker" not in " ".join(process.cmdline()):
         found.append(process)
@@ -102,9 +103,7 @@ def test_ctrl_c_to_the_process_group_leaves_nothing(tmp_path, sample_dir, jax_ca
   out = tmp_path / "runs"
   metrics = out / "interrupted" / "metrics.jsonl"
   shm = set(os.listdir("/dev/shm"))
-  proc = process_helpers.start(
-    _train_argv(_overrides(sample_dir, out, "interrupted", 100000)), jax_cache
-  )
+  proc = processes.start(_train_argv(_overrides(sample_dir, out, "interrupted", 100000)), jax_cache)
   _wait_for_step(metrics, 2, proc)
   workers = _grain_workers(proc)
   assert len(workers) == 2, workers
@@ -113,7 +112,7 @@ def test_ctrl_c_to_the_process_group_leaves_nothing(tmp_path, sample_dir, jax_ca
   _wait_for_step(metrics, sum(1 for _ in metrics.open()) + 3, proc)
   assert all(worker.is_running() for worker in workers)
   os.killpg(proc.pid, signal.SIGINT)
-  code, _, err = process_helpers.finish(proc, shm, timeout=60)
+  code, _, err = processes.finish(proc, shm, timeout=60)
   assert code == 130, err[-2000:]
 
 
@@ -164,12 +163,12 @@ def test_an_exception_in_the_loop_and_a_normal_end_leave_nothing(tmp_path, sampl
   script.write_text(_RAISING)
   overrides = json.dumps(_overrides(sample_dir, out, "raising", 10))
   shm = set(os.listdir("/dev/shm"))
-  code, _, err = process_helpers.finish(
-    process_helpers.start([sys.executable, str(script), overrides], jax_cache), shm
+  code, _, err = processes.finish(
+    processes.start([sys.executable, str(script), overrides], jax_cache), shm
   )
   assert code == 1 and "RuntimeError: step 3 fails" in err, err[-2000:]
 
   shm = set(os.listdir("/dev/shm"))
   argv = _train_argv(_overrides(sample_dir, out, "normal", 5))
-  code, _, err = process_helpers.finish(process_helpers.start(argv, jax_cache), shm)
+  code, _, err = processes.finish(processes.start(argv, jax_cache), shm)
   assert code == 0, err[-2000:]

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl import flags
-from train_helpers import IndexedBatches
 
 from maxtext_netdata import config
 from maxtext_netdata.config import ConfigError
@@ -21,6 +20,7 @@ from maxtext_netdata.distributed.mesh import make_mesh
 from maxtext_netdata.errors import DataError
 from maxtext_netdata.input_pipeline import create_data_iterator
 from maxtext_netdata.trainer import train
+from tests.helpers.train import IndexedBatches
 
 TINY_MODEL = [
   "base_num_decoder_layers=2",

@@ -1,0 +1,253 @@
+"""The last step of prepare: sorted pieces (one per bucket, in bucket order) → the store's splits.
+
+Each split's arrays are the pieces' arrays concatenated, less the rows of the other split:
+with `network_split: probe` a probe is held out when its hash, as a fraction of 2^64, is below
+`network_test_fraction`; with `time`, every row at or after the `1 - fraction` quantile of
+time (numpy's "higher" quantile over all rows, found from the pieces' histograms of seconds).
+Memory holds one piece's column at a time plus per-probe arrays, whatever the store's size.
+Each split also gets its probe statistics (`store.STATS_ARRAYS`), counted as its rows go by,
+so no reader has to scan the store for them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from maxtext_netdata.data.store import store
+
+
+def assemble(pieces: list[str], out: str, split: str, fraction: float, meta: dict) -> dict:
+  """Write the splits of the piece folders `pieces` under `out`; their counts by split name.
+
+  `split` is "probe" or "time" (train/ and test/ folders) or "all" (one eval/ folder).
+  """
+  # Pieces are read, not memory-mapped: mapped pages would count in this process's RSS
+  # until unmapped, and they add up to the whole store.
+  opened = [_Piece(path) for path in pieces]
+  hashed = bool(opened) and bool(opened[0].store.meta.get("hashed_order"))
+  cutoff = time_cutoff(pieces, fraction) if split == "time" and fraction > 0 else None
+  totals = dict.fromkeys(split_names(split), 0)
+  for piece in opened:
+    for name, rows in split_rows(piece, split, fraction, cutoff).items():
+      totals[name] += piece.num_rows if rows is None else len(rows)
+  assembler = Assembler(out, split, fraction, meta, totals, hashed, cutoff)
+  with assembler:
+    for piece in opened:
+      assembler.add(piece)
+  return assembler.finish()
+
+
+def split_names(split: str) -> tuple[str, ...]:
+  return ("eval",) if split == "all" else ("train", "test")
+
+
+def held_out(probe_hash: np.ndarray, fraction: float) -> np.ndarray:
+  """bool [P]: the probes of these hashes that `network_split: probe` puts in the test split."""
+  return probe_hash.astype(np.float64) / 2.0**64 < fraction
+
+
+def split_rows(piece, split: str, fraction: float, cutoff: int | None) -> dict:
+  """Each split's rows of `piece` (indices), None where a split takes all of them."""
+  if split == "all":
+    return {"eval": None}
+  if split == "probe":
+    held = held_out(piece.probe_array("probe_hash"), fraction)
+    test = np.repeat(held, np.diff(piece.probe_array("probe_offsets")))
+  elif cutoff is not None:
+    test = piece.column("seconds") >= cutoff
+  else:
+    test = np.zeros(piece.num_rows, dtype=bool)
+  if not test.any():
+    return {"train": None, "test": np.zeros(0, np.int64)}
+  if test.all():
+    return {"train": np.zeros(0, np.int64), "test": None}
+  return {"train": np.flatnonzero(~test), "test": np.flatnonzero(test)}
+
+
+class _Piece:
+  """A piece folder (`shards.write_piece`), with `shards.SortedBucket`'s reading methods."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self.store = store.PreparedStore(path)  # its meta.json only
+    self.num_rows, self.num_probes = self.store.num_rows, self.store.num_probes
+
+  def probe_array(self, name: str) -> np.ndarray:
+    return _load(self.path, name)
+
+  def column(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
+    array = _load(self.path, name)
+    return array if rows is None else store.take_rows(array, rows)
+
+  def column_into(self, name: str, rows: np.ndarray | None, out: np.ndarray) -> None:
+    array = _load(self.path, name)
+    if rows is None:
+      out[...] = array
+    else:
+      store.take_rows(array, rows, out=out)
+
+
+class Assembler:
+  """Sorted pieces, added in bucket order, streamed into the splits' files.
+
+  `totals` (rows of each split over all pieces) sizes the files up front. A piece is a
+  `shards.SortedBucket` or a piece folder read back; both give the same bytes.
+  """
+
+  def __init__(self, out, split, fraction, meta, totals, hashed, cutoff=None):
+    self.split, self.fraction, self.cutoff, self.meta = split, fraction, cutoff, meta
+    self.hashed = hashed
+    self.row_names = [n for n in store.ROW_ARRAYS if hashed or n != "hashed_order"]
+    self.writers = {}
+    for name in split_names(split):
+      self.writers[name] = _Writer(os.path.join(out, name), totals[name], self.row_names)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    for writer in self.writers.values():
+      writer.close()
+
+  def add(self, piece) -> None:
+    chosen = split_rows(piece, self.split, self.fraction, self.cutoff)
+    sizes = np.diff(piece.probe_array("probe_offsets"))
+    src, version = piece.probe_array("probe_src"), piece.probe_array("probe_version")
+    probe_of_row = None
+    for name, rows in chosen.items():
+      if rows is not None and len(rows) and probe_of_row is None:
+        probe_of_row = np.repeat(np.arange(piece.num_probes), sizes)
+      split_sizes = (
+        sizes
+        if rows is None
+        else np.bincount(probe_of_row[rows], minlength=piece.num_probes)
+        if len(rows)
+        else np.zeros(piece.num_probes, np.int64)
+      )
+      self.writers[name].add_probes(split_sizes, src, version)
+    del probe_of_row
+    for column in self.row_names:
+      for name, rows in chosen.items():
+        count = piece.num_rows if rows is None else len(rows)
+        self.writers[name].add_rows(
+          column, count, functools.partial(piece.column_into, column, rows)
+        )
+
+  def finish(self) -> dict:
+    return {
+      name: writer.finish({**self.meta, "split": name}, self.hashed)
+      for name, writer in self.writers.items()
+    }
+
+
+def _load(piece: str, name: str) -> np.ndarray:
+  return np.load(os.path.join(piece, f"{name}.npy"))
+
+
+def time_cutoff(pieces: list[str], fraction: float) -> int:
+  """`np.quantile(all seconds, 1 - fraction, method="higher")` from per-piece histograms."""
+  values, counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+  for piece in pieces:
+    v, c = np.unique(_load(piece, "seconds"), return_counts=True)
+    values, inverse = np.unique(np.concatenate([values, v]), return_inverse=True)
+    counts = np.bincount(inverse, weights=np.concatenate([counts, c]), minlength=len(values))
+    counts = counts.astype(np.int64)
+  n = int(counts.sum())
+  q = 1.0 - fraction
+  # numpy's virtual index for "higher" (alpha = beta = 1), then its ceiling, clipped.
+  virtual = n * q + (1 + q * (1 - 1 - 1)) - 1
+  index = int(min(max(np.ceil(virtual), 0), n - 1))
+  return int(values[np.searchsorted(np.cumsum(counts), index, side="right")])
+
+
+class _Writer:
+  """One split folder: row arrays written in place into preallocated .npy files, probes
+  gathered.
+
+  Rows are gathered straight into a memory map of the file's next rows (`add_rows`), one
+  piece's column at a time, and unmapped at once: no gathered copy, no write() copying it
+  again into page cache, and at most one piece's column mapped.
+  """
+
+  def __init__(self, path: str, rows: int, names: list[str]):
+    os.makedirs(path, exist_ok=True)
+    self.path = path
+    self.rows = rows
+    self.files, self.starts, self.written = {}, {}, dict.fromkeys(names, 0)
+    for name in names:
+      dtype, tail = store.ROW_ARRAYS[name]
+      f = open(os.path.join(path, f"{name}.npy"), "wb")  # noqa: SIM115 (closed in close)
+      header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False}
+      np.lib.format.write_array_header_1_0(f, {**header, "shape": (rows, *tail)})
+      self.starts[name] = f.tell()
+      f.truncate(f.tell() + rows * np.dtype(dtype).itemsize * int(np.prod(tail, dtype=np.int64)))
+      self.files[name] = f
+    self.sizes, self.src, self.version = [], [], []
+    self.failed = 0
+    self.counter = store.ProbeCounter()
+    self.piece_sizes = np.zeros(0, np.int64)
+
+  def add_probes(self, sizes: np.ndarray, src: np.ndarray, version: np.ndarray) -> None:
+    """The probes of the next piece; `add_rows` then brings their rows, column by column."""
+    present = sizes > 0
+    self.piece_sizes = sizes[present]
+    self.sizes.append(sizes[present])
+    self.src.append(src[present])
+    self.version.append(version[present])
+
+  def add_rows(self, name: str, rows: int, fill) -> None:
+    """The next `rows` rows of column `name`, written by `fill(out)` into `out`."""
+    if not rows:
+      return
+    dtype, tail = store.ROW_ARRAYS[name]
+    row_bytes = np.dtype(dtype).itemsize * int(np.prod(tail, dtype=np.int64))
+    self.files[name].flush()
+    out = np.memmap(
+      self.files[name].name,
+      dtype=dtype,
+      mode="r+",
+      offset=self.starts[name] + self.written[name] * row_bytes,
+      shape=(rows, *tail),
+    )
+    fill(out)
+    if name == "failed":
+      self.failed += int(np.count_nonzero(out))
+      self.counter.add_failed(out, self.piece_sizes)
+    elif name == "seconds":
+      self.counter.add_seconds(out, self.piece_sizes)
+    self.written[name] += rows
+    del out  # unmapped: the pages are page cache now, written back by the kernel
+
+  def close(self) -> None:
+    for f in self.files.values():
+      f.close()
+
+  def finish(self, meta: dict, hashed: bool) -> dict:
+    sizes = np.concatenate(self.sizes) if self.sizes else np.zeros(0, np.int64)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    assert offsets[-1] == self.rows, (self.path, offsets[-1], self.rows)
+    src = np.concatenate(self.src) if self.src else np.zeros((0, 16), np.uint8)
+    version = np.concatenate(self.version) if self.version else np.zeros(0, np.uint8)
+    np.save(os.path.join(self.path, "probe_offsets.npy"), offsets)
+    np.save(os.path.join(self.path, "probe_src.npy"), np.ascontiguousarray(src))
+    np.save(os.path.join(self.path, "probe_version.npy"), version)
+    for name, counts in zip(store.STATS_ARRAYS, self.counter.counts(), strict=True):
+      assert counts.shape == (len(sizes),), (self.path, name, counts.shape)
+      np.save(os.path.join(self.path, f"{name}.npy"), counts)
+    counts = {"rows": self.rows, "probes": len(sizes), "failed": self.failed}
+    store.write_json(
+      os.path.join(self.path, store.META_FILE),
+      {
+        **meta,
+        "format_version": store.FORMAT_VERSION,
+        "num_rows": counts["rows"],
+        "num_probes": counts["probes"],
+        "num_failed": counts["failed"],
+        "hashed_order": hashed,
+      },
+    )
+    return counts

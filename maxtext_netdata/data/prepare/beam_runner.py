@@ -1,0 +1,114 @@
+"""`prepare --runner beam`: the same prepare as an Apache Beam pipeline.
+
+    maxtext-netdata prepare CONFIG [key=value ...] --runner beam [-- BEAM PIPELINE OPTIONS]
+
+read each file in batches and partition its rows by probe bucket (`partition.read_partitioned`) → GroupByKey on the bucket → sort each bucket and write it as a piece
+(`local_runner.sort_and_write`). The functions are the built-in runner's, so both build
+byte-identical stores; listing, the builder lock, assembling the pieces into the store and
+caching stay in `data.prepare.prepare`. Beam's DirectRunner runs it unless the options after `--`
+name another runner (`--runner=DataflowRunner --project ... --temp_location gs://...`).
+
+The pieces and the read reports are written under the store's temporary folder, so that
+folder must be one that every worker and the launching process see: a local folder for the
+DirectRunner, a shared mount (Filestore, GCS FUSE, NFS) for a distributed runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from maxtext_netdata.data.prepare import local_runner, partition
+from maxtext_netdata.data.raw import reader
+
+
+@contextlib.contextmanager
+def _temporary_files_in(folder: str):
+  """Python's temporary files and folders made in `folder` while the pipeline runs, and
+  removed with it.
+
+  Beam's DirectRunner first tries to start Prism, making a folder in the system's temporary
+  directory, which it leaves behind when Prism cannot start (no network to download it
+  from): one `beam-temp*` folder a run. `tempfile` is the process's, so this holds only while
+  nothing else in the process makes temporary files it means to keep (the prepare command).
+  """
+  os.makedirs(folder, exist_ok=True)
+  saved, tempfile.tempdir = tempfile.tempdir, folder
+  try:
+    yield
+  finally:
+    tempfile.tempdir = saved
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def runner(beam_args: list[str]):
+  """A `prepare.prepare(runner=...)` that runs the piece building as a Beam pipeline."""
+
+  def build_pieces(config, options, files, metadata, *, buckets, pieces_dir, progress):
+    del metadata, progress  # workers read each file's footer themselves
+    reports_dir = pieces_dir + "-reports"
+    os.makedirs(reports_dir, exist_ok=True)
+    settings = {
+      "buckets": buckets,
+      "hashed": local_runner.uses_hashed_order(config),
+      "skip_bad": config.network_skip_bad_rows,
+    }
+    pipeline_options = PipelineOptions(beam_args or ["--runner=DirectRunner"])
+    with (
+      _temporary_files_in(pieces_dir + "-tmp"),
+      beam.Pipeline(options=pipeline_options) as pipeline,
+    ):
+      _ = (
+        pipeline
+        | "files" >> beam.Create(list(enumerate(files)))
+        | "read and partition" >> beam.FlatMap(_read_and_partition, options, settings, reports_dir)
+        | "group by bucket" >> beam.GroupByKey()
+        | "sort and write" >> beam.Map(_sort_and_write, pieces_dir)
+      )
+    report = reader.ReadReport()
+    for name in sorted(os.listdir(reports_dir)):
+      with open(os.path.join(reports_dir, name), encoding="utf-8") as f:
+        one = json.load(f)
+      report.rows_read += one["rows_read"]
+      for reason, count in one["skipped"].items():
+        report.skipped.add(reason, count)
+    pieces = (
+      sorted(os.path.join(pieces_dir, name) for name in os.listdir(pieces_dir))
+      if os.path.isdir(pieces_dir)
+      else []
+    )
+    return pieces, report
+
+  return build_pieces
+
+
+def _read_and_partition(indexed, options, settings, reports_dir):
+  """(bucket, chunk bytes) of one file's rows; its read report goes to `reports_dir`."""
+  index, entry = indexed
+  metadata = reader.check_files([entry], options)[0]
+  report = reader.ReadReport()
+  for bucket, chunk in partition.read_partitioned(
+    entry,
+    metadata,
+    options,
+    buckets=settings["buckets"],
+    hashed=settings["hashed"],
+    skip_bad=settings["skip_bad"],
+    report=report,
+  ):
+    yield bucket, chunk.to_bytes()
+  result = {"rows_read": report.rows_read, "skipped": dict(report.skipped.reasons)}
+  with open(os.path.join(reports_dir, f"{index:06d}.json"), "w", encoding="utf-8") as f:
+    json.dump(result, f)
+
+
+def _sort_and_write(grouped, pieces_dir):
+  bucket, chunk_bytes = grouped
+  chunks = [partition.Chunk.from_bytes(data) for data in chunk_bytes]
+  return local_runner.sort_and_write(int(bucket), chunks, pieces_dir)

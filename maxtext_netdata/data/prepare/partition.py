@@ -1,0 +1,339 @@
+"""Bounded-memory prepare: rows partitioned by probe hash, each bucket sorted.
+
+The steps are plain functions, shared by the built-in runner (`data.prepare.local_runner`, buckets
+spilled to local files) and the Apache Beam runner (`data.prepare.beam_runner`, buckets grouped by
+GroupByKey), so that both build byte-identical stores:
+
+1. `partition(columns, num_buckets, hashed)`: a validated batch → one `Chunk` per bucket it
+   touches. A probe's bucket is a non-decreasing function of its hash, so every probe lives
+   in exactly one bucket and buckets follow one another in hash order.
+2. `order_bucket(chunks)`: a bucket's chunks → its probes (ordered by (hash, version,
+   address)) and the permutation that groups its rows by probe, time-sorted within a probe,
+   ties by content (`SortedBucket`); `sort_bucket` applies it (`store.ProbeRows` with
+   `probe_hash`) and `write_piece` saves that as a piece.
+3. `data.prepare.assemble`: sorted buckets (or pieces) in bucket order → the store's splits.
+
+The probe hash is the first 8 bytes of `blake2b(version byte + 16 address bytes)`, read as a
+big-endian integer: the same number that decides the probe split (docs/spec.md §3). The store's
+content depends only on the set of input rows: not on the bucket count, the file order or the
+rows' order within files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from maxtext_netdata.data.prepare import probes, row_kernels
+from maxtext_netdata.data.raw import reader, schema
+from maxtext_netdata.data.store import store
+from maxtext_netdata.format import tokenizer
+
+# Rows of one bucket at most (the memory budget may ask for fewer): the sort's cost per row
+# grows with the arrays' size (cache misses), so small buckets are also faster.
+MAX_BUCKET_ROWS = 1 << 21
+# Bytes held per row of the bucket being sorted: its columns (37, 39 with hashed order), the
+# probe rank (4), the permutation (8) and the largest gathered column (16), with headroom
+# for buckets that the hash fills unevenly.
+SORT_BYTES_PER_ROW = 100
+# Memory that does not depend on the bucket size: imports (numba's compiler ~90 MiB of it,
+# loaded for the address parser and the probe table) and the reader's batches.
+FIXED_BYTES = 416 << 20
+PROBE_HASH_FILE = "probe_hash.npy"
+
+
+def bucket_rows(memory_mb: int) -> int:
+  """Rows per bucket that keep a prepare with `memory_mb` of memory within it."""
+  budget = memory_mb * (1 << 20) - FIXED_BYTES
+  return int(min(MAX_BUCKET_ROWS, max(1 << 16, budget // SORT_BYTES_PER_ROW)))
+
+
+def num_buckets(total_rows: int, memory_mb: int) -> int:
+  """Buckets for `total_rows` raw rows (the content does not depend on it)."""
+  return max(1, -(-total_rows // bucket_rows(memory_mb)))
+
+
+def bucket_of(hashes: np.ndarray, buckets: int) -> np.ndarray:
+  """int64 bucket of each hash: non-decreasing in the hash, so buckets keep hash order."""
+  scaled = (hashes.astype(np.float64) * (buckets / 2.0**64)).astype(np.int64)
+  return np.minimum(scaled, buckets - 1)
+
+
+@dataclasses.dataclass
+class Chunk:
+  """Rows of one bucket from one batch; `probe` indexes the chunk's own probe table."""
+
+  keys: np.ndarray  # uint8 [K, 17] version byte + source address of each probe
+  hashes: np.ndarray  # uint64 [K]
+  probe: np.ndarray  # int32 [n]
+  columns: dict  # name → array of store.ROW_ARRAYS (hashed_order only when stored)
+
+  def __len__(self) -> int:
+    return len(self.probe)
+
+  def to_bytes(self) -> bytes:
+    """One self-describing record: counts, then each array's bytes in a fixed order."""
+    return b"".join(self.parts())
+
+  def parts(self) -> list[memoryview]:
+    """`to_bytes` as the arrays' own buffers, written out without joining them first."""
+    head = np.array([len(self.probe), len(self.keys), "hashed_order" in self.columns], np.int64)
+    parts = [head, self.keys, self.hashes, self.probe]
+    parts += [self.columns[name] for name in _names("hashed_order" in self.columns)]
+    return [memoryview(np.ascontiguousarray(p)).cast("B") for p in parts]
+
+  @classmethod
+  def from_bytes(cls, data: bytes | memoryview) -> Chunk:
+    n, k, hashed = np.frombuffer(data, np.int64, 3)
+    view, at = memoryview(data), 24
+
+    def take(dtype, shape):
+      nonlocal at
+      size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+      array = np.frombuffer(view[at : at + size], dtype).reshape(shape)
+      at += size
+      return array
+
+    keys, hashes, probe = take(np.uint8, (k, 17)), take(np.uint64, (k,)), take(np.int32, (n,))
+    columns = {}
+    for name in _names(bool(hashed)):
+      dtype, tail = store.ROW_ARRAYS[name]
+      columns[name] = take(dtype, (n, *tail))
+    return cls(keys, hashes, probe, columns)
+
+
+def _names(hashed: bool) -> list[str]:
+  return [name for name in store.ROW_ARRAYS if hashed or name != "hashed_order"]
+
+
+def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
+  """(bucket, chunk) of each bucket that rows of this validated batch fall in."""
+  probe, table, hashes = probes.batch_probes(columns)
+  rtt_bytes, failed = row_kernels.rtt_payload(columns.rtt)  # tokenizer.rtt_bytes, compiled
+  data = {
+    "dst": columns.dst,
+    "seconds": columns.seconds,
+    "rtt_bytes": rtt_bytes,
+    "failed": failed,
+    "rtt_ms": columns.rtt.astype(np.float32),
+  }
+  if hashed:
+    data["hashed_order"] = tokenizer.hashed_order_pairs(
+      columns.src_text, columns.dst_text, columns.seconds
+    )
+  probe_bucket = bucket_of(hashes, buckets)
+  if (probe_bucket == probe_bucket[0]).all() if len(table) else True:
+    return [(int(probe_bucket[0]) if len(table) else 0, Chunk(table, hashes, probe, data))]
+  # Each probe's number within its bucket, for all buckets at once (per bucket, a pass over
+  # every probe of the batch cost buckets x probes: ~100 x 50k per batch at 200M rows).
+  order, bounds, row_local = row_kernels.bucket_rows(probe, probe_bucket, buckets)
+  probe_order, probe_bounds = row_kernels.counting_order(probe_bucket, buckets)
+  # Every column moved once into bucket order; the chunks are its slices.
+  moved = {name: store.take_rows(array, order) for name, array in data.items()}
+  out = []
+  for bucket in np.flatnonzero(np.diff(probe_bounds)):
+    rows = slice(bounds[bucket], bounds[bucket + 1])
+    mine = probe_order[probe_bounds[bucket] : probe_bounds[bucket + 1]]
+    chunk = Chunk(
+      table[mine], hashes[mine], row_local[rows], {name: moved[name][rows] for name in moved}
+    )
+    out.append((int(bucket), chunk))
+  return out
+
+
+def read_partitioned(entry, metadata, options, *, buckets, hashed, skip_bad, report, on_rows=None):
+  """(bucket, Chunk) of every valid row of one file (`reader.read_batches`); counts the rows
+  read and skipped in `report` (a `reader.ReadReport`), and calls `on_rows(rows)` per batch."""
+  for columns, skipped, rows in reader.read_batches(entry, metadata, options, skip_bad=skip_bad):
+    report.rows_read += rows
+    report.skipped.merge(skipped)
+    if len(columns):
+      yield from partition(columns, buckets, hashed)
+    if on_rows is not None:
+      on_rows(rows)
+
+
+@dataclasses.dataclass
+class SortedBucket:
+  """A bucket's rows in store order, kept as its unsorted columns and the permutation.
+
+  `column(name, rows)` gathers a column's selected rows straight from the unsorted one, so
+  a row is moved once on its way into a split, not once to sort it and again to split it.
+  """
+
+  probe_offsets: np.ndarray  # int64 [P+1]
+  probe_src: np.ndarray  # uint8 [P, 16]
+  probe_version: np.ndarray  # uint8 [P]
+  probe_hash: np.ndarray  # uint64 [P]
+  columns: dict  # name → unsorted row array of store.ROW_ARRAYS
+  perm: np.ndarray  # int64 [N]: row i of the sorted bucket is row perm[i] of `columns`
+
+  @property
+  def num_rows(self) -> int:
+    return len(self.perm)
+
+  @property
+  def num_probes(self) -> int:
+    return len(self.probe_version)
+
+  @property
+  def hashed(self) -> bool:
+    return "hashed_order" in self.columns
+
+  def probe_array(self, name: str) -> np.ndarray:
+    return getattr(self, name)
+
+  def column(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
+    """Sorted column `name`, or its rows `rows` (indices into the sorted bucket)."""
+    return store.take_rows(self.columns[name], self.perm if rows is None else self.perm[rows])
+
+  def column_into(self, name: str, rows: np.ndarray | None, out: np.ndarray) -> None:
+    """`column(name, rows)` written into `out`."""
+    store.take_rows(self.columns[name], self.perm if rows is None else self.perm[rows], out=out)
+
+  def rows(self) -> store.ProbeRows:
+    """The sorted bucket as one `store.ProbeRows` (columns gathered one at a time)."""
+    columns = {name: None for name in store.ROW_ARRAYS}
+    for name in list(self.columns):
+      columns[name] = self.column(name)
+      del self.columns[name]
+    return store.ProbeRows(
+      probe_offsets=self.probe_offsets,
+      probe_src=self.probe_src,
+      probe_version=self.probe_version,
+      probe_hash=self.probe_hash,
+      **columns,
+    )
+
+
+def sort_bucket(chunks: list[Chunk]) -> store.ProbeRows:
+  """The rows of a bucket's chunks grouped by probe and time-sorted (see the module doc).
+
+  The result carries `probe_hash` (uint64 [P]); chunks are released as they are copied.
+  """
+  return order_bucket(chunks).rows()
+
+
+def order_bucket(chunks: list[Chunk]) -> SortedBucket:
+  """`sort_bucket` without moving the rows: the columns and their permutation."""
+  hashed = bool(chunks) and "hashed_order" in chunks[0].columns
+  n = sum(len(c) for c in chunks)
+  keys = np.concatenate([c.keys for c in chunks]) if chunks else np.zeros((0, 17), np.uint8)
+  hashes = np.concatenate([c.hashes for c in chunks]) if chunks else np.zeros(0, np.uint64)
+  if len(chunks) == 1:  # e.g. a spill file's, read into place: nothing to join (only read)
+    columns, entry = chunks[0].columns, chunks.pop().probe
+  else:
+    columns = {}
+    for name in _names(hashed):
+      dtype, tail = store.ROW_ARRAYS[name]
+      columns[name] = np.empty((n, *tail), dtype=dtype)
+    entry = np.empty(n, dtype=np.int32)
+  at, key_at = 0, 0
+  while chunks:
+    chunk = chunks.pop(0)
+    m = len(chunk)
+    entry[at : at + m] = chunk.probe + key_at
+    for name in columns:
+      columns[name][at : at + m] = chunk.columns[name]
+    at, key_at = at + m, key_at + len(chunk.keys)
+  rank, probe_keys, probe_hash = _probe_ranks(keys, hashes)
+  probe = rank[entry]
+  del entry
+  perm = row_order(probe, columns)
+  sizes = np.bincount(probe, minlength=len(probe_keys))
+  del probe
+  offsets = np.zeros(len(probe_keys) + 1, dtype=np.int64)
+  np.cumsum(sizes, out=offsets[1:])
+  return SortedBucket(
+    probe_offsets=offsets,
+    probe_src=np.ascontiguousarray(probe_keys[:, 1:]),
+    probe_version=np.ascontiguousarray(probe_keys[:, 0]),
+    probe_hash=probe_hash,
+    columns=columns,
+    perm=perm,
+  )
+
+
+def _probe_ranks(keys: np.ndarray, hashes: np.ndarray) -> tuple:
+  """(rank int32 [K] of each chunk key's probe, probe keys [P, 17], probe hashes [P]).
+
+  Probes are ordered by (hash, version, address); a probe seen in several chunks (one key
+  per chunk and batch: ~400k keys for ~500 probes in a bucket of a 200M-row dump) is one
+  probe. The keys are first merged by hash in Arrow's hash table, so only the few distinct
+  probes are sorted; if two different keys share a hash, all keys are sorted instead.
+  """
+  encoded = pc.dictionary_encode(pa.array(hashes, pa.uint64()))
+  inverse = encoded.indices.to_numpy()
+  distinct = encoded.dictionary.to_numpy()
+  some_row = np.empty(len(distinct), dtype=np.int64)
+  some_row[inverse] = np.arange(len(keys))  # any key of a hash stands for it
+  if (keys == keys[some_row][inverse]).all():  # one key per hash
+    order = np.lexsort((*keys[some_row].T[::-1], distinct))
+    rank = np.empty(len(order), dtype=np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    return rank[inverse], keys[some_row][order], distinct[order]
+  order = np.lexsort((*keys.T[::-1], hashes))
+  sorted_keys = keys[order]
+  new = np.ones(len(order), dtype=bool)
+  new[1:] = (sorted_keys[1:] != sorted_keys[:-1]).any(axis=1)
+  rank = np.empty(len(order), dtype=np.int32)
+  rank[order] = np.cumsum(new) - 1
+  return rank, sorted_keys[new], hashes[order][new]
+
+
+def row_order(probe: np.ndarray, columns: dict) -> np.ndarray:
+  """Row permutation by (probe, seconds), ties broken by the rows' content.
+
+  Ties (same probe and second) are ordered by destination, RTT and hashed order, so the
+  result does not depend on the order the rows arrived in.
+  """
+  seconds = columns["seconds"]
+  n = len(probe)
+  if n == 0:
+    return np.zeros(0, dtype=np.int64)
+  # Dumps are sorted by time and listed in time order, so a stable sort by probe alone
+  # usually leaves each probe's rows in time order.
+  grouped = row_kernels.time_grouped_order(probe, int(probe.max()) + 1, seconds)
+  if grouped is not None:
+    perm, tie, count = grouped
+  else:  # not time-ordered within a probe: sort by (probe, seconds)
+    span = int(seconds.max()) - int(seconds.min())
+    if int(probe.max()) < 2**29 and span < 2**34:
+      key = (probe.astype(np.uint64) << np.uint64(34)) | (seconds - seconds.min()).astype(np.uint64)
+      perm = np.argsort(key)
+      del key
+    else:
+      perm = np.lexsort((seconds, probe))
+    tie, count = row_kernels.ties(probe, seconds, perm)
+  if not count:
+    return perm
+  in_tie = np.zeros(n, dtype=bool)
+  in_tie[1:] |= tie
+  in_tie[:-1] |= tie
+  where = np.flatnonzero(in_tie)
+  run = np.cumsum(~np.concatenate([[False], tie])[where])  # one id per run of equal keys
+  rows = perm[where]
+  dst = store.take_rows(columns["dst"], rows).view(">u8")
+  content = [dst[:, 1], dst[:, 0], columns["rtt_ms"][rows].view(np.uint32)]
+  if columns.get("hashed_order") is not None:
+    content = [store.take_rows(columns["hashed_order"], rows).view(np.uint16)[:, 0], *content]
+  # lexsort's order (the last key first) by Arrow's multi-key sort, which sorts by the run
+  # once and then compares within each run's few rows: ~6x faster than numpy's lexsort.
+  keys = [run, *content[::-1]]
+  table = pa.table(
+    {str(i): np.ascontiguousarray(k, k.dtype.newbyteorder("=")) for i, k in enumerate(keys)}
+  )
+  order = pc.sort_indices(table, sort_keys=[(str(i), "ascending") for i in range(len(keys))])
+  perm[where] = rows[order.to_numpy()]
+  return perm
+
+
+def write_piece(rows: store.ProbeRows, path: str, meta: dict) -> dict:
+  """Save a sorted bucket as a split-format folder plus its probes' hashes; its counts."""
+  counts = rows.write(path, meta)
+  np.save(os.path.join(path, PROBE_HASH_FILE), rows.probe_hash)
+  return counts

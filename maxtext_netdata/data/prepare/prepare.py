@@ -1,0 +1,354 @@
+"""`prepare`: raw parquet → the prepared store (cached by a fingerprint of inputs and config).
+
+    maxtext-netdata prepare CONFIG [key=value ...] [--force] [--runner beam [-- BEAM OPTIONS]]
+
+Reads `grain_train_files` (and `grain_eval_files` if set) through `data.raw.reader`, validates
+every row (`data.raw.schema`), partitions the rows by probe hash into buckets spilled to local
+files, sorts one bucket at a time into a piece and assembles the pieces into
+`<prepared_dir>/<fingerprint>/{train,test[,eval]}/` (`data.prepare.partition`, `data.prepare.assemble`,
+`data.store.store`). Memory is bounded by `network_prepare_memory_mb`, whatever the row count.
+
+The fingerprint covers each input file's URI, size and modification time, the store format
+and the config keys that change the store's content; a complete store with the same
+fingerprint is opened instead of rebuilt. One process builds a store at a time (a lock file
+beside it; the others wait, then open it). A store is built in a temporary directory and
+renamed into place once complete, with the summary (`meta.json`) written last: a prepare
+killed at any point leaves nothing that passes for a store, and the next one removes its
+remains. With `network_prepared_dir` on `gs://` or `s3://` the store is copied from there to
+the local cache once, or built locally and uploaded when absent (`data.store.remote_copy`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import resource
+import shutil
+import sys
+import time
+import uuid
+
+import psutil
+
+from maxtext_netdata.config import ConfigError
+from maxtext_netdata.config import load as load_config
+from maxtext_netdata.data import remote
+from maxtext_netdata.data.prepare import assemble, local_runner, partition
+from maxtext_netdata.data.raw import reader
+from maxtext_netdata.data.store import remote_copy, store
+from maxtext_netdata.errors import DataError
+
+
+@dataclasses.dataclass
+class PreparedSplits:
+  """The opened splits: `eval` is the eval-files store, or the test split without them."""
+
+  train: store.PreparedStore
+  eval: store.PreparedStore
+  summary: dict
+  cached: bool
+
+
+# Config keys whose value changes the store's content.
+_CONTENT_KEYS = ("network_split", "network_test_fraction", "network_skip_bad_rows")
+PAUSE_ENV = local_runner.PAUSE_ENV
+_pause_point = local_runner.pause_point
+
+
+def fingerprint(
+  config, train_files: list[remote.FileEntry], eval_files: list[remote.FileEntry]
+) -> str:
+  """Hex digest naming the store that `config` and these files produce."""
+  description = {
+    "format_version": store.FORMAT_VERSION,
+    "train_files": [dataclasses.astuple(f) for f in train_files],
+    "eval_files": [dataclasses.astuple(f) for f in eval_files],
+    "hashed_order": local_runner.uses_hashed_order(config),
+    **{key: config[key] for key in _CONTENT_KEYS},
+  }
+  text = json.dumps(description, sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def ensure_prepared(config, *, progress: bool = True) -> PreparedSplits:
+  """The store of `config`: opened if complete and current, else prepared now."""
+  return prepare(config, progress=progress, force=False)
+
+
+def prepare(config, *, progress: bool = True, force: bool = False, runner=None) -> PreparedSplits:
+  """Build the store of `config` unless a current one exists (or `force`); open it.
+
+  `runner` builds the sorted pieces of one set of files (`data.prepare.beam_runner.runner`); None
+  is the built-in one (`data.prepare.local_runner`). Listing, locking, assembling and caching are shared.
+  """
+  if not config.grain_train_files.strip():
+    raise ConfigError("grain_train_files is empty: set it to raw parquet paths, globs or URIs")
+  options = remote.StorageOptions.from_config(config)
+  train_files = remote.expand_all(config.grain_train_files, options)
+  eval_files = remote.expand_all(config.grain_eval_files, options)
+  fp = fingerprint(config, train_files, eval_files)
+  shared = config.prepared_dir if remote.is_remote(config.prepared_dir) else ""
+  local_dir = remote_copy.cache_dir(config) if shared else config.prepared_dir
+  root = os.path.join(local_dir, fp)
+  if not force:
+    cached = _open_complete(root)
+    if cached is not None:
+      return cached
+  os.makedirs(local_dir, exist_ok=True)
+  copied_from = ""
+  with _builder_lock(local_dir, fp, progress):
+    if not force:
+      cached = _open_complete(root)  # built by the process this one waited for
+      if cached is not None:
+        return cached
+    for stale in glob.glob(os.path.join(glob.escape(local_dir), f".tmp-{fp}-*")):
+      shutil.rmtree(stale, ignore_errors=True)  # a killed build's: the lock says none runs
+    tmp = os.path.join(local_dir, f".tmp-{fp}-{uuid.uuid4().hex[:8]}")
+    try:
+      shared_root = remote_copy.join(shared, fp) if shared else ""
+      if shared_root and not force and remote_copy.download(shared_root, tmp, options):
+        copied_from = shared_root
+      else:
+        summary = _build(config, options, train_files, eval_files, tmp, fp, progress, runner)
+        store.write_json(os.path.join(tmp, store.META_FILE), summary)
+        if shared_root:
+          remote_copy.upload(tmp, shared_root, options)
+      if os.path.isdir(root):
+        shutil.rmtree(root)  # forced rebuild, or the remains of an interrupted one
+      os.rename(tmp, root)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+  splits = _open_complete(root)
+  splits.cached = False
+  splits.summary["cached"] = False
+  if copied_from:
+    splits.summary["copied_from"] = copied_from
+  return splits
+
+
+@contextlib.contextmanager
+def _builder_lock(prepared_dir: str, fp: str, progress: bool):
+  """Hold `<prepared_dir>/.lock-<fp>` while building: one builder per store.
+
+  `flock` is released by the kernel when the holder dies, even by SIGKILL. The holder removes
+  the file when done, so a waiter that wakes holding a removed file tries again. On a shared
+  mount it works where the filesystem supports `flock` (NFSv4, Lustre; not GCS FUSE).
+  """
+  path = os.path.join(prepared_dir, f".lock-{fp}")
+  told = False
+  while True:
+    f = open(path, "a")  # noqa: SIM115 (closed below or after the build)
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      if progress and not told:
+        print(f"prepare: another process is building store {fp}; waiting", file=sys.stderr)
+        told = True
+      fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      current = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+      current = False
+    if current:
+      break
+    f.close()
+  try:
+    yield
+  finally:
+    os.remove(path)
+    f.close()
+
+
+def _open_complete(root: str) -> PreparedSplits | None:
+  """The splits under `root`, or None if it holds no complete store of this format."""
+  try:
+    with open(os.path.join(root, store.META_FILE), encoding="utf-8") as f:
+      summary = json.load(f)
+  except (OSError, json.JSONDecodeError):
+    return None
+  if summary.get("format_version") != store.FORMAT_VERSION:
+    return None
+  train = store.PreparedStore(os.path.join(root, "train"))
+  eval_name = "eval" if summary.get("eval_files") else "test"
+  summary["cached"] = True
+  summary["path"] = root
+  return PreparedSplits(
+    train=train,
+    eval=store.PreparedStore(os.path.join(root, eval_name)),
+    summary=summary,
+    cached=True,
+  )
+
+
+def _build_group(config, options, files, *, work, name, split, meta, progress, runner) -> tuple:
+  """Prepare one set of files into split folder(s) under `work`: (counts, report, probes)."""
+  metadata = reader.check_files(files, options)
+  total = sum(m.num_rows for m in metadata)
+  buckets = partition.num_buckets(total, config.network_prepare_memory_mb)
+  pieces_dir = os.path.join(work, f".pieces-{name}")
+  label = config.grain_train_files if name == "train" else config.grain_eval_files
+  if runner is None and split != "time":
+    return local_runner.build(
+      config, options, files, metadata, buckets=buckets, work=work, spill_dir=pieces_dir + "-spill",
+      split=split, meta=meta, progress=progress, label=label,
+    )  # fmt: skip
+  build_pieces = local_runner.pieces if runner is None else runner
+  pieces, report = build_pieces(
+    config, options, files, metadata, buckets=buckets, pieces_dir=pieces_dir, progress=progress
+  )
+  if not pieces:
+    raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
+  _pause_point("sorted")
+  probes = sum(store.PreparedStore(path).num_probes for path in pieces)
+  counts = assemble.assemble(pieces, work, split, config.network_test_fraction, meta)
+  shutil.rmtree(pieces_dir, ignore_errors=True)
+  return counts, report, probes
+
+
+def _build(config, options, train_files, eval_files, tmp, fp, progress, runner) -> dict:
+  start, cpu_start = time.perf_counter(), _cpu_seconds()
+  rss_start = psutil.Process().memory_info().rss
+  meta = {"fingerprint": fp, "source_files": [f.uri for f in train_files]}
+  counts, report, probes = _build_group(
+    config,
+    options,
+    train_files,
+    work=tmp,
+    name="train",
+    split=config.network_split,
+    meta=meta,
+    progress=progress,
+    runner=runner,
+  )
+  if eval_files:
+    eval_meta = {"fingerprint": fp, "source_files": [f.uri for f in eval_files]}
+    eval_counts, eval_report, _ = _build_group(
+      config,
+      options,
+      eval_files,
+      work=tmp,
+      name="eval",
+      split="all",
+      meta=eval_meta,
+      progress=progress,
+      runner=runner,
+    )
+    counts.update(eval_counts)
+    report.rows_read += eval_report.rows_read
+    report.skipped.merge(eval_report.skipped)
+  _pause_point("assembled")
+  return _summary(
+    config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start
+  )
+
+
+def _summary(
+  config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start
+) -> dict:
+  seconds = time.perf_counter() - start
+  cpu = max(_cpu_seconds() - cpu_start, 1e-9)
+  peak = peak_rss_bytes()
+  total = counts["train"]["rows"] + counts["test"]["rows"]
+  failed = counts["train"]["failed"] + counts["test"]["failed"]
+  return {
+    "format_version": store.FORMAT_VERSION,
+    "fingerprint": fp,
+    "train_files": [f.uri for f in train_files],
+    "eval_files": [f.uri for f in eval_files],
+    "network_split": config.network_split,
+    "network_test_fraction": config.network_test_fraction,
+    "rows_read": report.rows_read,
+    "rows": total,
+    "probes": probes,
+    "splits": counts,
+    "failed_share": failed / total if total else 0.0,
+    "skipped": dict(report.skipped.reasons),
+    "skipped_rows": report.skipped.total,
+    "seconds": round(seconds, 3),
+    "rows_per_s": round(report.rows_read / seconds) if seconds else 0,
+    "rows_per_cpu_s": round(report.rows_read / cpu),
+    "peak_rss_bytes": peak,
+    "peak_bytes_per_row": round(max(peak - rss_start, 0) / max(report.rows_read, 1), 1),
+  }
+
+
+def _cpu_seconds() -> float:
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  return usage.ru_utime + usage.ru_stime
+
+
+def peak_rss_bytes() -> int:
+  """This process's peak resident memory: VmHWM, the high-water mark of its own memory.
+
+  Not `ru_maxrss` where /proc has VmHWM: Linux folds into `ru_maxrss` the memory a process
+  had before `exec`, which for a command started by another process is its parent's (a
+  child of a 1 GiB process, 11 MiB resident itself, reported 1,051 MiB).
+  """
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def format_summary(summary: dict) -> str:
+  """The summary as a few readable lines."""
+  splits = summary["splits"]
+  lines = [
+    f"store     {summary['path']}{'  (cached)' if summary.get('cached') else ''}"
+    + (f"  (copied from {summary['copied_from']})" if summary.get("copied_from") else ""),
+    f"rows      {summary['rows']:,} of {summary['rows_read']:,} read, "
+    f"{summary['probes']:,} probes, {summary['failed_share']:.1%} failed",
+  ]
+  for name in ("train", "test", "eval"):
+    if name in splits:
+      lines.append(f"{name:<9} {splits[name]['rows']:,} rows, {splits[name]['probes']:,} probes")
+  if summary["skipped"]:
+    reasons = ", ".join(f"{reason}: {n:,}" for reason, n in sorted(summary["skipped"].items()))
+    lines.append(f"skipped   {summary['skipped_rows']:,} rows ({reasons})")
+  lines.append(
+    f"speed     {summary['seconds']:.2f} s, {summary['rows_per_s']:,} rows/s, "
+    f"{summary['rows_per_cpu_s']:,} rows per CPU-second"
+  )
+  lines.append(
+    f"memory    peak RSS {summary['peak_rss_bytes'] / 2**20:,.0f} MiB, "
+    f"{summary['peak_bytes_per_row']} bytes per raw row above the start"
+  )
+  return "\n".join(lines)
+
+
+def add_arguments(parser) -> None:
+  parser.add_argument("config", help="YAML config (e.g. configs/base.yml)")
+  parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+  parser.add_argument("--force", action="store_true", help="rebuild even if a current store exists")
+  parser.add_argument(
+    "--runner",
+    choices=("builtin", "beam"),
+    default="builtin",
+    help="builtin: this process; beam: an Apache Beam pipeline (pip install '.[beam]'), its"
+    " options after `--` (DirectRunner by default)",
+  )
+
+
+def run(args) -> int:
+  config = load_config(args.config, args.overrides)
+  runner = None
+  if args.runner == "beam":
+    try:
+      from maxtext_netdata.data.prepare import beam_runner  # noqa: PLC0415 (an optional extra)
+    except ImportError as e:
+      raise ConfigError(f"--runner beam needs Apache Beam: pip install '.[beam]' ({e})") from None
+    runner = beam_runner.runner(getattr(args, "passthrough", []))
+  elif getattr(args, "passthrough", []):
+    raise ConfigError("options after `--` are Beam pipeline options: add --runner beam")
+  splits = prepare(config, progress=True, force=args.force, runner=runner)
+  print(format_summary(splits.summary))
+  return 0

@@ -1,0 +1,207 @@
+"""Compiled per-row passes of prepare's partition and bucket sort.
+
+Each replaces numpy steps that went over the rows several times (a stable `argsort` of small
+integer keys, then gathers, compares and masks for the ties) by one compiled pass with the
+same result, bit for bit:
+
+- `counting_order(keys, size)`: the stable order of integer keys in [0, size), which is what
+  `np.argsort(keys, kind="stable")` returns, and each key's bounds in it. A counting sort:
+  two passes over the keys and one over `size` counters, where numpy's radix sort of 16-bit
+  keys reads them twice per byte and needs a copy cast to uint16 (and sorts wider keys by
+  merge sort).
+- `bucket_rows(probe, probe_bucket, size)`: `counting_order` of the rows' buckets, and each
+  row's probe numbered within its bucket, placed in the same pass.
+- `ties(probe, seconds, perm)`: whether `perm` orders the rows by (probe, seconds), and which
+  neighbouring rows share both, in one pass (numpy gathered both columns through `perm` and
+  compared them in four more passes over temporaries).
+- `time_grouped_order(keys, size, seconds)`: both of the above at once for rows that arrive
+  in time order, as a dump's do: each row is compared with the previous row of its key as it
+  is placed, reading the rows once and in order.
+- `rtt_payload(rtt_ms)`: `format.tokenizer.rtt_bytes`, the RTT payload bytes and failed flags
+  of every row in one pass without the five float64 temporaries.
+
+Compiled by numba with `cache=True` (once per machine, loaded by later runs).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numba
+import numpy as np
+
+from maxtext_netdata.kernels import kernel_cache
+
+kernel_cache.install()  # cached kernels keyed on every project file imported
+
+
+@numba.njit(cache=True, nogil=True)
+def _counting_order(keys, size, order, bounds):
+  for i in range(len(keys)):
+    bounds[keys[i] + 1] += 1
+  for k in range(size):
+    bounds[k + 1] += bounds[k]
+  at = bounds[:-1].copy()
+  for i in range(len(keys)):
+    key = keys[i]
+    order[at[key]] = i
+    at[key] += 1
+
+
+def counting_order(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+  """(order int64 [N], bounds int64 [size + 1]) of integer `keys`, each in [0, size).
+
+  `order` is `np.argsort(keys, kind="stable")`; the rows of key k are
+  `order[bounds[k]:bounds[k + 1]]`. The caller guarantees the range (keys outside it would
+  write outside the arrays).
+  """
+  order = np.empty(len(keys), np.int64)
+  bounds = np.zeros(size + 1, np.int64)
+  if len(keys):
+    _counting_order(keys, size, order, bounds)
+  return order, bounds
+
+
+@numba.njit(cache=True, nogil=True)
+def _bucket_rows(probe, probe_bucket, size, order, bounds, row_local):
+  local = np.empty(len(probe_bucket), np.int32)
+  seen = np.zeros(size, np.int32)
+  for p in range(len(probe_bucket)):
+    local[p] = seen[probe_bucket[p]]
+    seen[probe_bucket[p]] += 1
+  for i in range(len(probe)):
+    bounds[probe_bucket[probe[i]] + 1] += 1
+  for k in range(size):
+    bounds[k + 1] += bounds[k]
+  at = bounds[:-1].copy()
+  for i in range(len(probe)):
+    p = probe[i]
+    key = probe_bucket[p]
+    order[at[key]] = i
+    row_local[at[key]] = local[p]
+    at[key] += 1
+
+
+def bucket_rows(probe: np.ndarray, probe_bucket: np.ndarray, size: int) -> tuple:
+  """(order int64 [N], bounds int64 [size + 1], local int32 [N]) of rows whose probes are
+  `probe` (indices into `probe_bucket`, each probe's bucket in [0, size)).
+
+  `order, bounds` are `counting_order(probe_bucket[probe], size)`; `local[j]` is the number of
+  row `order[j]`'s probe among its bucket's probes, in probe order: the row's probe in its
+  bucket's own probe table. One pass numbers the probes, two more place the rows.
+  """
+  order = np.empty(len(probe), np.int64)
+  bounds = np.zeros(size + 1, np.int64)
+  row_local = np.empty(len(probe), np.int32)
+  if len(probe):
+    _bucket_rows(probe, probe_bucket, size, order, bounds, row_local)
+  return order, bounds, row_local
+
+
+@numba.njit(cache=True, nogil=True)
+def _time_grouped_order(keys, seconds, size, order, bounds, tie):
+  for i in range(len(keys)):
+    bounds[keys[i] + 1] += 1
+  for k in range(size):
+    bounds[k + 1] += bounds[k]
+  at = bounds[:-1].copy()
+  last = np.empty(size, np.int64)  # the seconds of each key's row placed last
+  count = 0
+  for i in range(len(keys)):
+    key = keys[i]
+    pos = at[key]
+    second = seconds[i]
+    if pos > bounds[key]:
+      if second < last[key]:
+        return -1
+      if second == last[key]:
+        tie[pos - 1] = True
+        count += 1
+    last[key] = second
+    order[pos] = i
+    at[key] = pos + 1
+  return count
+
+
+def time_grouped_order(keys: np.ndarray, size: int, seconds: np.ndarray) -> tuple | None:
+  """(order, tie, number of ties) as `counting_order` then `ties` give them, in one pass; None
+  if that order does not leave each key's rows in time order (`ties` would say None).
+
+  The rows of a key arrive in `order` in the order they come, so each is compared with the
+  key's row placed before it: no gather through the order.
+  """
+  order = np.empty(len(keys), np.int64)
+  bounds = np.zeros(size + 1, np.int64)
+  tie = np.zeros(max(len(keys) - 1, 0), dtype=bool)
+  count = _time_grouped_order(keys, seconds, size, order, bounds, tie) if len(keys) else 0
+  return None if count < 0 else (order, tie, int(count))
+
+
+@numba.njit(cache=True, nogil=True)
+def _ties(probe, seconds, perm, tie):
+  count = 0
+  for i in range(1, len(perm)):
+    before, row = perm[i - 1], perm[i]
+    same = probe[row] == probe[before]
+    if same and seconds[row] < seconds[before]:
+      return -1
+    equal = same and seconds[row] == seconds[before]
+    tie[i - 1] = equal
+    count += equal
+  return count
+
+
+def ties(probe: np.ndarray, seconds: np.ndarray, perm: np.ndarray) -> tuple[np.ndarray, int] | None:
+  """(tie bool [N-1], number of ties): row i+1 of `perm` has the same (probe, seconds) as row
+  i; None if `perm` does not order the rows by (probe, seconds)."""
+  tie = np.empty(max(len(perm) - 1, 0), dtype=bool)
+  count = _ties(probe, seconds, perm, tie)
+  return None if count < 0 else (tie, int(count))
+
+
+@numba.njit(cache=True, nogil=True)
+def _rtt_payload(rtt_ms, out, failed):
+  for i in range(len(rtt_ms)):
+    rtt = np.float64(rtt_ms[i])
+    if not math.isfinite(rtt):
+      return i
+    us = max(1.0, rtt * 1000)
+    # As tokenizer.rtt_bytes (frexp, clip, ldexp, clamp, truncate), from the float's bits:
+    # `us` >= 1 is normal, so frexp's exponent is the biased exponent less 1022, and scaling
+    # by 2**-e (e <= 31) is exact. An infinite `us` (rtt over ~1.8e305 ms) is frexp's
+    # exponent 0 in numpy.
+    biased = np.int64((np.float64(us).view(np.uint64) >> np.uint64(52)) & np.uint64(0x7FF))
+    e = 0 if biased == 0x7FF else min(max(biased - 1022 - 11, 0), 31)
+    scale = np.uint64(1023 - e) << np.uint64(52)
+    m = np.int64(min(us * np.uint64(scale).view(np.float64), 2047.0))
+    negative = rtt < 0
+    failed[i] = negative
+    out[i, 0] = 0 if negative else (e << 3) | (m >> 8)
+    out[i, 1] = 0 if negative else m & 0xFF
+  return -1
+
+
+def rtt_payload(rtt_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """`format.tokenizer.rtt_bytes(rtt_ms)`: (uint8 [N, 2] payload bytes, bool [N] failed);
+  ValueError naming the first NaN or infinite RTT."""
+  rtt_ms = np.ascontiguousarray(rtt_ms)
+  out = np.empty((len(rtt_ms), 2), np.uint8)
+  failed = np.empty(len(rtt_ms), dtype=bool)
+  row = _rtt_payload(rtt_ms, out, failed) if len(rtt_ms) else -1
+  if row >= 0:
+    raise ValueError(f"RTT at index {row} is {rtt_ms[row]}; RTTs must be finite")
+  return out, failed
+
+
+def compile_seconds() -> float:
+  """Seconds to compile (first run on a machine) or load (later runs) these kernels."""
+  started = time.perf_counter()
+  counting_order(np.zeros(2, np.int32), 1)
+  counting_order(np.zeros(2, np.uint16), 1)
+  counting_order(np.zeros(2, np.int64), 1)
+  ties(np.zeros(2, np.int32), np.zeros(2, np.int64), np.arange(2))
+  time_grouped_order(np.zeros(2, np.int32), 1, np.zeros(2, np.int64))
+  bucket_rows(np.zeros(2, np.int32), np.zeros(1, np.int64), 1)
+  rtt_payload(np.zeros(1))
+  return time.perf_counter() - started

@@ -1,0 +1,324 @@
+"""`maxtext-netdata ingest`: RIPE Atlas ping results (JSON) → raw parquet shards (docs/spec.md §1).
+
+Inputs are JSON lines (the daily dumps, the results API's text format) or a JSON array (the
+API's default), plain or `.bz2` / `.gz` / `.zst`, local or `gs://` / `s3://`; they are
+listed and opened through `data.remote`, like `prepare`'s. The mapping from results to rows
+is `data.ripe.reference`'s (docs/data_format.md); `data.ripe.scan`'s compiled scanner reads the
+lines it can map with certainty and hands the rest to it.
+
+Memory is bounded by the block and run sizes, not by the input: blocks of `block_bytes` are
+mapped as they are read; rows gather into runs of at most `run_rows`, each sorted by time and
+written to a temporary parquet file; the runs are then merged (an external sort) into
+`shards` files, file k holding the k-th time range, like `generate`'s and real dumps. A
+single run is sorted in memory and written directly. Shards are written under temporary
+names and renamed; the `.complete` marker (JSON: counts and files) comes last, and files of
+an earlier run in the folder are replaced.
+
+Inputs are read block by block by `data.ripe.blocks`.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import tqdm
+
+from maxtext_netdata.config import load as load_config
+from maxtext_netdata.data import remote
+from maxtext_netdata.data.raw.layout import (
+  COMPLETE_MARKER,
+  FILE_PATTERN,
+  ROW_GROUP_SIZE,
+  clear_outputs,
+)
+from maxtext_netdata.data.ripe import reference
+from maxtext_netdata.data.ripe.blocks import iter_blocks
+from maxtext_netdata.errors import DataError, UserError
+
+BLOCK_BYTES = 16 << 20
+RUN_ROWS = 2_000_000  # rows sorted in memory at once (~80 bytes a row, twice while sorting)
+SHARD_ROWS = 1_000_000  # rows per file when --shards is not given
+READERS = 4  # threads mapping blocks at most (DuckDB's reader and Arrow run without the GIL)
+# Rows per row group of a run, read one group per run at a time while merging: the merge
+# holds about 16k rows (~1.5 MB) per run, ~150 MB for the 100 runs of 200M rows.
+_MERGE_BATCH = 16_384
+# Columns written dictionary-encoded: the addresses (`prepare` reads them so, as `generate`
+# writes them) and the few-valued integers. Times and rtts are mostly distinct: their
+# dictionaries cost time to build (~20% of the writer's) to be dropped at the size limit.
+_DICTIONARY = ["msm_id", "src_addr", "dst_addr", "ip_version", "prb_id"]
+# Column statistics (min and max) for every column but the addresses: text order of
+# addresses selects nothing a query wants, and their statistics were 15% of the writer's time.
+_STATISTICS = ["msm_id", "event_time", "ip_version", "rtt", "prb_id"]
+
+
+@dataclasses.dataclass
+class Summary:
+  counts: reference.Counts
+  files: list[str]
+  seconds: float
+
+  def line(self) -> str:
+    c = self.counts
+    return (
+      f"ingest: {c.results:,} results read, {c.rows:,} rows written in {len(self.files)} files,"
+      f" {c.other_types:,} results of other types skipped, {c.duplicates:,} duplicates"
+      f" dropped, {c.bad_lines:,} bad lines ({self.seconds:.1f} s)"
+    )
+
+
+def storage_options() -> remote.StorageOptions:
+  """The storage keys' defaults (`configs/base.yml`) and the environment, as `prepare` has."""
+  return remote.StorageOptions.from_config(load_config(None))
+
+
+class _ShardWriter:
+  """`rows` rows in time order → `shards` parquet files; file k ends at row rows*(k+1)//shards."""
+
+  def __init__(self, out_dir: str, rows: int, shards: int):
+    self.out_dir, self.shards = out_dir, shards
+    self.ends = [rows * (k + 1) // shards for k in range(shards)]
+    self.paths: list[str] = []
+    self.writer, self.tmp, self.written = None, None, 0
+
+  def write(self, table: pa.Table) -> None:
+    while table.num_rows:
+      if self.writer is None:
+        path = os.path.join(self.out_dir, FILE_PATTERN.format(len(self.paths), self.shards))
+        self.paths.append(path)
+        self.tmp = os.path.join(self.out_dir, f".tmp-{os.getpid()}-{os.path.basename(path)}")
+        # Page checksums as `generate` writes them: `prepare` verifies them.
+        self.writer = pq.ParquetWriter(
+          self.tmp,
+          reference.ROW_SCHEMA,
+          use_dictionary=_DICTIONARY,
+          write_statistics=_STATISTICS,
+          write_page_checksum=True,
+        )
+      room = self.ends[len(self.paths) - 1] - self.written
+      self.writer.write_table(table.slice(0, room), row_group_size=ROW_GROUP_SIZE)
+      self.written += min(room, table.num_rows)
+      table = table.slice(room)
+      if self.written == self.ends[len(self.paths) - 1]:
+        self.writer.close()
+        os.replace(self.tmp, self.paths[-1])
+        self.writer, self.tmp = None, None
+
+  def close(self) -> list[str]:
+    if self.writer is not None or len(self.paths) != self.shards:
+      raise AssertionError(f"wrote {self.written} of {self.ends[-1]} rows")
+    return self.paths
+
+  def abort(self) -> None:
+    if self.writer is not None:
+      self.writer.close()
+    if self.tmp and os.path.exists(self.tmp):
+      os.remove(self.tmp)
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+  """Rows by time; equal times keep their order (Arrow's sort is stable).
+
+  Rows already in time order (dumps written in time order, `generate`'s) are returned as
+  they are: the check reads one integer column, the sort copies every column.
+  """
+  times = table.column("event_time").cast(pa.int64()).to_numpy()
+  if (times[1:] >= times[:-1]).all():
+    return table
+  return table.take(pc.sort_indices(table, [("event_time", "ascending")]))
+
+
+def _write_run(tables: list[pa.Table], runs_dir: str, index: int) -> str:
+  path = os.path.join(runs_dir, f"run-{index:05d}.parquet")
+  table = _sorted(pa.concat_tables(tables))
+  pq.write_table(
+    table,
+    path,
+    row_group_size=_MERGE_BATCH,
+    compression="lz4",
+    use_dictionary=_DICTIONARY,
+    write_statistics=False,
+  )
+  return path
+
+
+def _merge(runs: list[str]):
+  """The rows of time-sorted run files in time order, a bounded piece at a time.
+
+  Each step takes the smallest last time among the runs' current batches: nothing later in
+  any run comes before it, so every buffered row up to it is final.
+  """
+  readers = [pq.ParquetFile(path).iter_batches(batch_size=_MERGE_BATCH) for path in runs]
+  # Parquet has no seconds unit: runs come back in ms, the shards are written in seconds.
+  pending = [pa.Table.from_batches([next(r)]).cast(reference.ROW_SCHEMA) for r in readers]
+  while pending:
+    times = [t.column("event_time").cast(pa.int64()).to_numpy() for t in pending]
+    bound = min(t[-1] for t in times)
+    ready, keep = [], []
+    for i, table in enumerate(pending):
+      done = int(np.searchsorted(times[i], bound, side="right"))
+      ready.append(table.slice(0, done))
+      keep.append((i, table.slice(done)))
+    yield _sorted(pa.concat_tables(ready))
+    pending_next, readers_next = [], []
+    for i, rest in keep:
+      if rest.num_rows == 0:
+        batch = next(readers[i], None)
+        if batch is None:
+          continue
+        rest = pa.Table.from_batches([batch]).cast(reference.ROW_SCHEMA)
+      pending_next.append(rest)
+      readers_next.append(readers[i])
+    pending, readers = pending_next, readers_next
+
+
+def _mapped_blocks(entries, options, block_bytes, bar, counts, skip_bad, readers, scan=True):
+  """Row tables of every block of every input, in input order, mapped in `readers` threads.
+
+  Each block is mapped with its own counts, added to `counts` in order, so the first bad
+  line raised is the first in the input. At most `readers` + 1 blocks are in flight.
+  """
+  readers = readers or min(READERS, os.cpu_count() or 1)
+  pool = concurrent.futures.ThreadPoolExecutor(readers, thread_name_prefix="ingest-map")
+
+  def mapped(block, uri):
+    block_counts = reference.Counts()
+    rows_of_block = scan.rows_of_block if scan else reference.rows_of_block
+    return rows_of_block(block, uri, block_counts, skip_bad), block_counts
+
+  def done(future) -> pa.Table:
+    table, block_counts = future.result()
+    for field in dataclasses.fields(counts):
+      setattr(counts, field.name, getattr(counts, field.name) + getattr(block_counts, field.name))
+    return table
+
+  pending = collections.deque()
+  try:
+    for entry in entries:
+      with contextlib.closing(iter_blocks(entry, options, block_bytes, bar)) as blocks:
+        for block in blocks:
+          pending.append(pool.submit(mapped, block, entry.uri))
+          if len(pending) > readers:
+            yield done(pending.popleft())
+    while pending:
+      yield done(pending.popleft())
+  finally:
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def ingest(
+  inputs: list[str],
+  out_dir: str,
+  *,
+  shards: int = 0,
+  skip_bad: bool = False,
+  block_bytes: int = BLOCK_BYTES,
+  run_rows: int = RUN_ROWS,
+  progress: bool = True,
+  readers: int = 0,
+  scan: bool = True,
+) -> Summary:
+  """Read every input (files or globs, in name order) and write time-sorted parquet shards.
+
+  `shards` 0 picks one file per SHARD_ROWS rows; `readers` 0 maps blocks in up to READERS
+  threads (one per core); `scan` False maps every line with the reference path (`ripe_json`)
+  instead of the compiled scanner, for comparison. Raises DataError for bad input (naming the
+  file and line) and for input holding no ping row; `out_dir` then has no `.complete`.
+  """
+  started = time.perf_counter()
+  if scan:
+    scan.load()
+  options = storage_options()
+  entries = remote.expand_all(inputs, options)
+  os.makedirs(out_dir, exist_ok=True)
+  clear_outputs(out_dir)
+  counts = reference.Counts()
+  runs_dir = tempfile.mkdtemp(prefix=".ingest-runs-", dir=out_dir)
+  bar = tqdm.tqdm(
+    total=sum(e.size for e in entries),
+    unit="B",
+    unit_scale=True,
+    desc="ingest",
+    disable=not progress,
+    mininterval=1.0,
+  )
+  writer = None
+  try:
+    runs, buffer, buffered = [], [], 0
+    tables = _mapped_blocks(entries, options, block_bytes, bar, counts, skip_bad, readers, scan)
+    with contextlib.closing(tables):
+      for table in tables:
+        buffer.append(table)
+        buffered += table.num_rows
+        if buffered >= run_rows:
+          runs.append(_write_run(buffer, runs_dir, len(runs)))
+          buffer, buffered = [], 0
+    bar.close()
+    if counts.rows == 0:
+      raise DataError(f"{', '.join(inputs)}: no ping result gave a row")
+    shards = min(shards or -(-counts.rows // SHARD_ROWS), counts.rows)
+    writer = _ShardWriter(out_dir, counts.rows, shards)
+    if buffer and not runs:
+      writer.write(_sorted(pa.concat_tables(buffer)))
+    else:
+      if buffer:
+        runs.append(_write_run(buffer, runs_dir, len(runs)))
+      buffer = []
+      for piece in _merge(runs):
+        writer.write(piece)
+    paths = writer.close()
+    writer = None
+  finally:
+    bar.close()
+    if writer is not None:
+      writer.abort()
+    shutil.rmtree(runs_dir, ignore_errors=True)
+  summary = Summary(counts, paths, time.perf_counter() - started)
+  marker = os.path.join(out_dir, COMPLETE_MARKER)
+  with open(marker + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(
+      {
+        **dataclasses.asdict(counts),
+        "inputs": inputs,
+        "files": [os.path.basename(p) for p in paths],
+      },
+      f,
+    )
+  os.replace(marker + ".tmp", marker)
+  return summary
+
+
+def add_arguments(parser) -> None:
+  parser.add_argument(
+    "inputs",
+    nargs="+",
+    metavar="INPUT",
+    help="RIPE Atlas ping results: JSON lines or a JSON array, plain, .bz2, .gz or .zst;"
+    " paths, globs, gs:// or s3:// URIs",
+  )
+  parser.add_argument("--out", required=True, help="output folder for the parquet shards")
+  parser.add_argument(
+    "--shards", type=int, default=0, help=f"parquet files (default: one per {SHARD_ROWS:,} rows)"
+  )
+  parser.add_argument(
+    "--skip-bad", action="store_true", help="skip and count bad lines instead of stopping"
+  )
+
+
+def run(args) -> int:
+  if args.shards < 0:
+    raise UserError(f"--shards must be >= 0, got {args.shards}")
+  summary = ingest(args.inputs, args.out, shards=args.shards, skip_bad=args.skip_bad)
+  print(f"{summary.line()} to {args.out}")
+  return 0

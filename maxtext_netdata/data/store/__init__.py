@@ -1,0 +1,6 @@
+"""The prepared store: one split of measurements grouped by probe as memory-mappable `.npy`
+files (`store`: the format, the reader, probe statistics), and its copy to and from `gs://`
+and `s3://` (`remote_copy`).
+
+May import `data.remote` and `errors`: the store knows nothing of how it was built.
+"""

@@ -1,0 +1,366 @@
+"""The prepared store: one split of measurements grouped by probe, as memory-mappable .npy files.
+
+Layout of a split directory (written by `data.prepare.prepare`):
+
+    meta.json            format version, fingerprint, counts, source files (written last)
+    probe_offsets.npy    int64 [P+1]   rows of probe p are [off[p], off[p+1])
+    probe_src.npy        uint8 [P, 16] source address (IPv4 in the first 4 bytes)
+    probe_version.npy    uint8 [P]     4 or 6
+    dst.npy              uint8 [N, 16]
+    seconds.npy          int64 [N]     Unix seconds; non-decreasing within a probe
+    rtt_bytes.npy        uint8 [N, 2]  the RTT block's two payload bytes
+    failed.npy           bool  [N]
+    rtt_ms.npy           float32 [N]   negative = failed
+    hashed_order.npy     uint8 [N, 2]  only with network_field_order=hashed
+    probe_failed.npy     int64 [P]     failed rows of each probe      } probe statistics,
+    probe_long_gaps.npy  int64 [P]     rows > 255 s after the row     } written by prepare
+                                       before them in the split       } (`probe_counts`)
+
+Probes are ordered by (hash, version, source address bytes), the hash being the one that
+decides the probe split (`data.prepare.partition`); rows within a probe by time, ties by destination,
+RTT and hashed order, so the content depends only on the input rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+
+import numpy as np
+
+from maxtext_netdata.errors import DataError
+
+FORMAT_VERSION = 2
+
+# name → (dtype, trailing shape); the leading dimension is probes+1, probes or rows.
+PROBE_ARRAYS = {
+  "probe_offsets": (np.int64, ()),
+  "probe_src": (np.uint8, (16,)),
+  "probe_version": (np.uint8, ()),
+}
+ROW_ARRAYS = {
+  "dst": (np.uint8, (16,)),
+  "seconds": (np.int64, ()),
+  "rtt_bytes": (np.uint8, (2,)),
+  "failed": (np.bool_, ()),
+  "rtt_ms": (np.float32, ()),
+  "hashed_order": (np.uint8, (2,)),
+}
+# Per-probe statistics the epoch planner needs, counted once by prepare (`probe_counts`).
+STATS_ARRAYS = ("probe_failed", "probe_long_gaps")
+LONG_GAP_S = 255  # a gap above this takes a DELTA4 timestamp (docs/spec.md §2)
+META_FILE = "meta.json"
+
+
+class PreparedStore:
+  """One split of the prepared store, opened lazily.
+
+  Arrays are opened with `mmap_mode='r'` on first attribute access, so the object pickles as
+  its path (Grain workers are spawned and get the dataset graph cloudpickled) and worker
+  processes share pages. `meta.json` is read at construction: a directory without it, or of
+  another format version, is not a store.
+  """
+
+  def __init__(self, path: str):
+    self.path = os.fspath(path)
+    meta_path = os.path.join(self.path, META_FILE)
+    try:
+      with open(meta_path, encoding="utf-8") as f:
+        self.meta = json.load(f)
+    except FileNotFoundError:
+      raise DataError(f"{self.path}: not a prepared store (no {META_FILE}); run prepare") from None
+    except (OSError, json.JSONDecodeError) as e:
+      raise DataError(f"{meta_path}: unreadable ({e}); run prepare again") from None
+    version = self.meta.get("format_version")
+    if version != FORMAT_VERSION:
+      raise DataError(
+        f"{self.path}: store format {version}, this code reads {FORMAT_VERSION}; run prepare"
+      )
+    self.num_rows = int(self.meta["num_rows"])
+    self.num_probes = int(self.meta["num_probes"])
+
+  def __reduce__(self):
+    return (PreparedStore, (self.path,))
+
+  def __getattr__(self, name: str):
+    # Only called for attributes not yet set: open the array and keep it.
+    if name not in PROBE_ARRAYS and name not in ROW_ARRAYS:
+      raise AttributeError(f"PreparedStore has no attribute {name!r}")
+    if name == "hashed_order" and not self.meta.get("hashed_order"):
+      array = None
+    else:
+      array = self._load(name)
+    self.__dict__[name] = array
+    return array
+
+  def _load(self, name: str) -> np.ndarray:
+    dtype, tail = {**PROBE_ARRAYS, **ROW_ARRAYS}[name]
+    rows = (
+      self.num_probes + 1
+      if name == "probe_offsets"
+      else (self.num_probes if name in PROBE_ARRAYS else self.num_rows)
+    )
+    return self._map(name, dtype, (rows, *tail))
+
+  def _map(self, name: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """`name`.npy memory-mapped, checked to hold `dtype` of `shape`."""
+    file_path = os.path.join(self.path, f"{name}.npy")
+    try:
+      array = np.load(file_path, mmap_mode="r")
+    except (OSError, ValueError) as e:
+      raise DataError(f"{file_path}: unreadable ({e}); run prepare again") from None
+    if array.dtype != dtype or array.shape != shape:
+      raise DataError(
+        f"{file_path}: {array.dtype}{list(array.shape)}, expected"
+        f" {np.dtype(dtype)}{list(shape)}; run prepare again"
+      )
+    return array
+
+  def probe_counts(self) -> tuple[np.ndarray, np.ndarray]:
+    """(failed rows, long gaps) of each probe, int64 [P] each (see `probe_counts`).
+
+    Memory-mapped from the split when prepare stored them, so every process and Grain worker
+    shares one copy in page cache; counted from the rows otherwise (stores written without
+    them, such as `ProbeRows.write`'s).
+    """
+    cached = self.__dict__.get("_probe_counts")
+    if cached is None:
+      if all(os.path.exists(os.path.join(self.path, f"{n}.npy")) for n in STATS_ARRAYS):
+        cached = tuple(self._map(name, np.int64, (self.num_probes,)) for name in STATS_ARRAYS)
+      else:
+        cached = probe_counts(self)
+      self.__dict__["_probe_counts"] = cached
+    return cached
+
+  def probe_rows(self, probe: int) -> slice:
+    """Row slice of one probe."""
+    return slice(int(self.probe_offsets[probe]), int(self.probe_offsets[probe + 1]))
+
+  def __repr__(self) -> str:
+    return f"PreparedStore({self.path!r}, rows={self.num_rows}, probes={self.num_probes})"
+
+
+@dataclasses.dataclass
+class ProbeRows:
+  """Measurements in memory, grouped by probe and time-sorted: the content of one split."""
+
+  probe_offsets: np.ndarray  # int64 [P+1]
+  probe_src: np.ndarray  # uint8 [P, 16]
+  probe_version: np.ndarray  # uint8 [P]
+  dst: np.ndarray  # uint8 [N, 16]
+  seconds: np.ndarray  # int64 [N]
+  rtt_bytes: np.ndarray  # uint8 [N, 2]
+  failed: np.ndarray  # bool [N]
+  rtt_ms: np.ndarray  # float32 [N]
+  hashed_order: np.ndarray | None  # uint8 [N, 2]
+  probe_hash: np.ndarray | None = None  # uint64 [P], a sorted bucket's (data.prepare.partition)
+
+  @property
+  def num_rows(self) -> int:
+    return len(self.seconds)
+
+  @property
+  def num_probes(self) -> int:
+    return len(self.probe_version)
+
+  def write(self, path: str, meta: dict, keep: np.ndarray | None = None) -> dict:
+    """Write the rows selected by bool [N] `keep` (None: all) as a split directory.
+
+    Arrays go first, one at a time (so memory grows by one column, not a copy of all),
+    then `meta.json` with `meta` plus format version and counts. Returns the counts.
+    """
+    os.makedirs(path, exist_ok=True)
+    sizes = np.diff(self.probe_offsets)
+    if keep is not None:
+      kept = np.flatnonzero(keep)
+      probe_of_row = np.repeat(np.arange(self.num_probes), sizes)
+      sizes = np.bincount(probe_of_row[keep], minlength=self.num_probes)
+      del probe_of_row
+    present = sizes > 0
+    offsets = np.zeros(int(present.sum()) + 1, dtype=np.int64)
+    np.cumsum(sizes[present], out=offsets[1:])
+    _save(path, "probe_offsets", offsets)
+    _save(path, "probe_src", self.probe_src[present])
+    _save(path, "probe_version", self.probe_version[present])
+    for name in ROW_ARRAYS:
+      column = getattr(self, name)
+      if column is not None:
+        _save(path, name, column if keep is None else take_rows(column, kept))
+    counts = {
+      "rows": int(offsets[-1]),
+      "probes": int(present.sum()),
+      "failed": int(self.failed.sum() if keep is None else self.failed[keep].sum()),
+    }
+    write_json(
+      os.path.join(path, META_FILE),
+      {
+        **meta,
+        "format_version": FORMAT_VERSION,
+        "num_rows": counts["rows"],
+        "num_probes": counts["probes"],
+        "num_failed": counts["failed"],
+        "hashed_order": self.hashed_order is not None,
+      },
+    )
+    return counts
+
+
+def probe_counts(split, chunk_rows: int = 1 << 24) -> tuple[np.ndarray, np.ndarray]:
+  """(failed rows, long gaps) per probe of `split`, int64 [P] each, counted from its rows.
+
+  A row is a long gap when its second is more than `LONG_GAP_S` after the second of the row
+  before it in the split (so a probe's first row is compared with the last row of the probe
+  before it, and the split's first row with itself). Reads `chunk_rows` rows at a time.
+  `assemble` counts the same while writing a split (`ProbeCounter`); this is the reference
+  and the fallback for stores written without the counts.
+  """
+  offsets = np.asarray(split.probe_offsets, dtype=np.int64)
+  failed_cum = np.zeros(len(offsets), dtype=np.int64)
+  gap_cum = np.zeros(len(offsets), dtype=np.int64)
+  carry_failed = carry_gap = 0
+  previous = None
+  for lo in range(0, split.num_rows, chunk_rows):
+    hi = min(lo + chunk_rows, split.num_rows)
+    seconds = np.asarray(split.seconds[lo:hi])
+    cf = carry_failed + np.cumsum(np.asarray(split.failed[lo:hi]), dtype=np.int64)
+    cg = carry_gap + np.cumsum(_long_gaps(seconds, previous), dtype=np.int64)
+    at = (offsets > lo) & (offsets <= hi)  # probe ends inside this chunk
+    failed_cum[at] = cf[offsets[at] - lo - 1]
+    gap_cum[at] = cg[offsets[at] - lo - 1]
+    carry_failed, carry_gap, previous = int(cf[-1]), int(cg[-1]), int(seconds[-1])
+  return np.diff(failed_cum), np.diff(gap_cum)
+
+
+def _long_gaps(seconds: np.ndarray, previous: int | None) -> np.ndarray:
+  """bool [n]: rows more than LONG_GAP_S after the row before (`previous` before the first)."""
+  gaps = np.empty(len(seconds), dtype=bool)
+  gaps[0] = previous is not None and int(seconds[0]) - previous > LONG_GAP_S
+  np.greater(np.subtract(seconds[1:], seconds[:-1]), LONG_GAP_S, out=gaps[1:])
+  return gaps
+
+
+class ProbeCounter:
+  """`probe_counts` of a split written in order, whole probes at a time (`assemble`).
+
+  Holds only per-probe counts: nothing row-sized outlives a call.
+  """
+
+  def __init__(self):
+    self.previous = None
+    self.failed: list[np.ndarray] = []
+    self.gaps: list[np.ndarray] = []
+
+  @staticmethod
+  def _per_probe(flags: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    starts = np.zeros(len(sizes), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    return np.add.reduceat(flags, starts, dtype=np.int64)
+
+  def add_seconds(self, seconds: np.ndarray, sizes: np.ndarray) -> None:
+    """The seconds of whole probes of `sizes` rows each (all > 0), next in the split."""
+    if len(seconds):
+      self.gaps.append(self._per_probe(_long_gaps(seconds, self.previous), sizes))
+      self.previous = int(seconds[-1])
+
+  def add_failed(self, failed: np.ndarray, sizes: np.ndarray) -> None:
+    if len(failed):
+      self.failed.append(self._per_probe(failed, sizes))
+
+  def counts(self) -> tuple[np.ndarray, np.ndarray]:
+    empty = np.zeros(0, dtype=np.int64)
+    return (
+      np.concatenate(self.failed) if self.failed else empty,
+      np.concatenate(self.gaps) if self.gaps else empty,
+    )
+
+
+def take_rows(array: np.ndarray, index: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+  """`array[index]` along axis 0, into `out` when given; byte rows are moved as whole words
+  (numpy gathers 2-D uint8 arrays byte by byte, several times slower)."""
+  if array.ndim == 2 and array.dtype == np.uint8 and array.shape[1] in (2, 4, 8, 16):
+    width = array.shape[1]
+    word = np.uint16 if width == 2 else np.uint32 if width == 4 else np.uint64
+    words = np.ascontiguousarray(array).view(word)
+    if out is not None:
+      np.take(words, index, axis=0, out=out.view(word), mode="clip")
+      return out
+    return np.take(words, index, axis=0).view(np.uint8).reshape(len(index), width)
+  if out is not None:
+    # mode="clip" (indices are in range): with "raise", numpy gathers into a buffer first.
+    np.take(array, index, axis=0, out=out, mode="clip")
+    return out
+  return np.take(array, index, axis=0)
+
+
+def _save(path: str, name: str, array: np.ndarray) -> None:
+  dtype, tail = {**PROBE_ARRAYS, **ROW_ARRAYS}[name]
+  assert array.dtype == dtype and array.shape[1:] == tail, (name, array.dtype, array.shape)
+  np.save(os.path.join(path, f"{name}.npy"), np.ascontiguousarray(array))
+
+
+def write_json(path: str, data: dict) -> None:
+  """Write JSON through a temporary file and a rename, so a reader sees all or nothing."""
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(data, f, indent=1, sort_keys=True)
+    f.write("\n")
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def cached_arrays(
+  folder: str,
+  key: str,
+  compute: Callable[[], dict[str, np.ndarray]],
+  prune: Callable[[str], bool] | None = None,
+) -> dict[str, np.ndarray]:
+  """The arrays of `key`, computed once and kept as `.npy` files in `<folder>/<key>/`.
+
+  Every process (and Grain worker) that asks maps the same files read-only, so the arrays sit
+  once in page cache instead of once per process; one process computes them while the others
+  wait on a lock file (`flock`), and the folder appears by an atomic rename, complete or not
+  at all. After writing, the entries whose name `prune` accepts are deleted (a process that
+  still maps them keeps its pages). Where `folder` cannot be written (a read-only mount), the
+  arrays are computed in this process and not kept. `key` must name everything the arrays
+  depend on.
+  """
+  final = os.path.join(folder, key)
+  try:
+    os.makedirs(folder, exist_ok=True)
+    lock = open(os.path.join(folder, f".lock-{key}"), "a")  # noqa: SIM115 (closed below)
+  except OSError:
+    return compute()
+  with contextlib.closing(lock):
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not os.path.isdir(final):
+      arrays = compute()
+      tmp = os.path.join(folder, f".tmp-{key}-{uuid.uuid4().hex[:8]}")
+      try:
+        os.makedirs(tmp)
+        for name, array in arrays.items():
+          np.save(os.path.join(tmp, f"{name}.npy"), np.ascontiguousarray(array))
+        os.rename(tmp, final)
+      except OSError:
+        return arrays  # not kept: this process uses what it computed
+      finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+      for name in os.listdir(folder):
+        entry = name.removeprefix(".lock-")
+        if entry != key and not entry.startswith(".tmp-") and prune is not None and prune(entry):
+          path = os.path.join(folder, name)
+          if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+          else:
+            with contextlib.suppress(OSError):
+              os.remove(path)
+  return {
+    name[: -len(".npy")]: np.load(os.path.join(final, name), mmap_mode="r")
+    for name in sorted(os.listdir(final))
+  }

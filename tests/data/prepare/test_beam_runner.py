@@ -1,0 +1,88 @@
+"""prepare on Apache Beam's DirectRunner builds the built-in runner's store, byte for byte."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from maxtext_netdata import cli, config
+from maxtext_netdata.data.prepare import partition, prepare
+from maxtext_netdata.data.synthetic.generate import generate
+from tests.helpers.pipeline import store_config, store_files
+
+beam = pytest.importorskip("apache_beam")  # the `beam` extra (scripts/test.sh installs it)
+
+from maxtext_netdata.data.prepare import beam_runner  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def raw_files(tmp_path_factory):
+  return generate(
+    str(tmp_path_factory.mktemp("raw")), rows=20_000, shards=3, seed=2, progress=False
+  )
+
+
+@pytest.mark.parametrize("overrides", [(), ("network_split=time",)], ids=["probe", "time"])
+def test_beam_direct_runner_builds_the_builtin_store(tmp_path, raw_files, monkeypatch, overrides):
+  monkeypatch.setattr(partition, "MAX_BUCKET_ROWS", 3_000)  # 7 buckets: a real GroupByKey
+  builtin = prepare.prepare(store_config(tmp_path / "a", raw_files, *overrides), progress=False)
+  on_beam = prepare.prepare(
+    store_config(tmp_path / "b", raw_files, *overrides),
+    progress=False,
+    runner=beam_runner.runner(["--runner=DirectRunner", "--direct_num_workers=1"]),
+  )
+  a, b = (
+    store_files(builtin.summary["path"]),
+    store_files(on_beam.summary["path"]),
+  )
+  assert a.keys() == b.keys() and "train/dst.npy" in a
+  for name in a:
+    assert a[name] == b[name], name
+  assert on_beam.summary["rows_read"] == builtin.summary["rows_read"] == 20_000
+  assert on_beam.summary["probes"] == builtin.summary["probes"]
+  assert os.listdir(tmp_path / "b") == [os.path.basename(on_beam.summary["path"])]
+
+
+def test_cli_runs_beam_with_pipeline_options_after_the_separator(tmp_path, raw_files, capsys):
+  code = cli.main(
+    [
+      "prepare",
+      os.path.join(os.path.dirname(config.__file__), "..", "configs", "base.yml"),
+      f"grain_train_files={','.join(raw_files)}",
+      f"network_prepared_dir={tmp_path}",
+      "--runner",
+      "beam",
+      "--",
+      "--runner=DirectRunner",
+    ]
+  )
+  assert code == 0
+  assert "20,000 of 20,000 read" in capsys.readouterr().out
+
+
+def test_a_beam_prepare_leaves_nothing_in_the_temporary_directory(tmp_path, raw_files):
+  # Beam's DirectRunner tries Prism first and, when it cannot start, left a beam-temp* folder
+  # in the temporary directory on every run.
+  temporary = tmp_path / "tmp"
+  temporary.mkdir()
+  base = os.path.join(os.path.dirname(config.__file__), "..", "configs", "base.yml")
+  run = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "maxtext_netdata",
+      "prepare",
+      base,
+      f"grain_train_files={','.join(raw_files)}",
+      f"network_prepared_dir={tmp_path / 'store'}",
+      "--runner",
+      "beam",
+    ],  # fmt: skip
+    env={**os.environ, "TMPDIR": str(temporary), "JAX_PLATFORMS": "cpu"},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert os.listdir(temporary) == []

@@ -1,0 +1,197 @@
+"""Bucketed prepare: the bucket count does not change the store; killed and concurrent prepares.
+
+The crash and concurrency tests run `maxtext-netdata prepare` as real processes: a prepare
+stopped at a stage (`MAXTEXT_NETDATA_PREPARE_PAUSE_AT`) is killed there with SIGKILL.
+"""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from maxtext_netdata import config
+from maxtext_netdata.data.prepare import assemble, partition, prepare, probes
+from maxtext_netdata.data.store import store
+from maxtext_netdata.data.synthetic.generate import generate
+from tests.helpers.pipeline import store_config, store_files
+
+
+@pytest.fixture(scope="module")
+def raw_files(tmp_path_factory):
+  return generate(
+    str(tmp_path_factory.mktemp("raw")), rows=30_000, shards=3, seed=1, progress=False
+  )
+
+
+@pytest.mark.parametrize(
+  "overrides",
+  [(), ("network_split=time", "network_test_fraction=0.3"), ("network_test_fraction=0",)],
+  ids=["probe split", "time split", "no test split"],
+)
+def test_bucket_count_does_not_change_the_store(tmp_path, raw_files, monkeypatch, overrides):
+  one = prepare.prepare(store_config(tmp_path / "one", raw_files, *overrides), progress=False)
+  monkeypatch.setattr(partition, "MAX_BUCKET_ROWS", 2_000)  # 15 buckets instead of 1
+  many = prepare.prepare(
+    store_config(tmp_path / "many", raw_files[::-1], *overrides), progress=False
+  )
+  a, b = (
+    store_files(one.summary["path"]),
+    store_files(many.summary["path"]),
+  )
+  assert a.keys() == b.keys() and "train/dst.npy" in a
+  for name in a:
+    assert a[name] == b[name], name
+  assert one.train.num_rows + one.eval.num_rows == 30_000
+  if "network_test_fraction=0" in overrides:
+    assert one.eval.num_rows == 0 and one.eval.num_probes == 0
+  # Probes follow their hash through the buckets: the store is in one global order.
+  keys = np.concatenate([one.train.probe_version[:, None], one.train.probe_src], axis=1)
+  assert (np.diff(probes.probe_hashes(keys).astype(np.float64)) >= 0).all()
+  assert not glob.glob(str(tmp_path / "*" / ".*"))  # no spill, pieces or lock left
+
+
+def test_time_cutoff_is_numpys_higher_quantile(tmp_path):
+  rng = np.random.default_rng(0)
+  pieces = []
+  for k, n in enumerate((1, 7, 1000, 333)):
+    rows = store.ProbeRows(
+      probe_offsets=np.array([0, n]),
+      probe_src=np.zeros((1, 16), np.uint8),
+      probe_version=np.array([4], np.uint8),
+      dst=np.zeros((n, 16), np.uint8),
+      seconds=np.sort(rng.integers(0, 500, n)),
+      rtt_bytes=np.zeros((n, 2), np.uint8),
+      failed=np.zeros(n, bool),
+      rtt_ms=np.ones(n, np.float32),
+      hashed_order=None,
+    )
+    rows.write(str(tmp_path / str(k)), {})
+    pieces.append(str(tmp_path / str(k)))
+  seconds = np.concatenate([np.load(os.path.join(p, "seconds.npy")) for p in pieces])
+  for fraction in (0.001, 0.1, 0.25, 0.5, 0.9, 0.999):
+    expected = np.quantile(seconds, 1 - fraction, method="higher")
+    assert assemble.time_cutoff(pieces, fraction) == expected, fraction
+
+
+def _prepare_process(prepared_dir, files, pause_at=None, stderr=subprocess.PIPE):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  if pause_at:
+    env[prepare.PAUSE_ENV] = pause_at
+  code = "import sys; from maxtext_netdata import cli; sys.exit(cli.main(sys.argv[1:]))"
+  return subprocess.Popen(
+    [
+      sys.executable,
+      "-c",
+      code,
+      "prepare",
+      os.path.join(os.path.dirname(config.__file__), "..", "configs", "base.yml"),
+      f"grain_train_files={','.join(files)}",
+      f"network_prepared_dir={prepared_dir}",
+    ],
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=stderr,
+    text=True,
+  )
+
+
+def _wait_stopped(process: subprocess.Popen, timeout: float = 60) -> None:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    assert process.poll() is None, process.communicate()
+    with open(f"/proc/{process.pid}/stat") as f:
+      if f.read().rsplit(")", 1)[1].split()[0] == "T":
+        return
+    time.sleep(0.05)
+  raise AssertionError("prepare did not reach its stage")
+
+
+@pytest.mark.parametrize("stage", ["reading", "partitioned", "sorted", "assembled"])
+def test_a_prepare_killed_at_any_stage_leaves_no_store_and_a_rerun_completes(
+  tmp_path, raw_files, stage
+):
+  cfg = store_config(tmp_path, raw_files)
+  process = _prepare_process(tmp_path, raw_files, pause_at=stage)
+  try:
+    _wait_stopped(process)
+    work = glob.glob(str(tmp_path / ".tmp-*"))
+    assert len(work) == 1 and os.listdir(work[0])  # killed with work on disk
+  finally:
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+  assert process.returncode == -signal.SIGKILL
+  with pytest.raises(Exception, match="not a prepared store"):
+    store.PreparedStore(os.path.join(tmp_path, prepare.fingerprint(cfg, *_entries(cfg)), "train"))
+  splits = prepare.prepare(cfg, progress=False)  # cached=False: nothing was taken for a store
+  assert not splits.cached and splits.train.num_rows + splits.eval.num_rows == 30_000
+  assert sorted(os.listdir(tmp_path)) == [os.path.basename(splits.summary["path"])]
+  fresh = prepare.prepare(store_config(tmp_path / "fresh", raw_files), progress=False)
+  assert store_files(splits.summary["path"]) == store_files(fresh.summary["path"])
+
+
+def _entries(cfg):
+  from maxtext_netdata.data import remote  # noqa: PLC0415
+
+  options = remote.StorageOptions.from_config(cfg)
+  return remote.expand_all(cfg.grain_train_files, options), []
+
+
+def test_two_concurrent_prepares_end_with_one_valid_store(tmp_path, raw_files):
+  first = _prepare_process(tmp_path, raw_files, pause_at="partitioned")
+  try:
+    _wait_stopped(first)  # holds the builder lock
+    log = tmp_path.parent / f"{tmp_path.name}-second.log"
+    with open(log, "w") as second_err:
+      second = _prepare_process(tmp_path, raw_files, stderr=second_err)
+    deadline = time.monotonic() + 60
+    while "waiting" not in log.read_text() and time.monotonic() < deadline:
+      assert second.poll() is None
+      time.sleep(0.05)
+    first.send_signal(signal.SIGCONT)
+    out_first, err_first = first.communicate(timeout=120)
+    out_second, _ = second.communicate(timeout=120)
+    err_second = log.read_text()
+  finally:
+    for p in (first, second):
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  assert first.returncode == 0, err_first
+  assert second.returncode == 0, err_second
+  assert "another process is building" in err_second
+  assert "(cached)" in out_second and "(cached)" not in out_first
+  entries = os.listdir(tmp_path)
+  assert len(entries) == 1  # one store; no second build, temporary folder or lock left
+  splits = prepare.prepare(store_config(tmp_path, raw_files), progress=False)
+  assert splits.cached and splits.train.num_rows + splits.eval.num_rows == 30_000
+
+
+def test_two_spellings_of_a_source_address_are_one_probe(tmp_path, raw_files, monkeypatch):
+  """A batch's probes come from its source dictionary, where "2001:DB8::1" and "2001:db8::1"
+  are two entries: they are still one probe, as in a store of the lowercase rows."""
+  table = pa.concat_tables([pq.read_table(f) for f in raw_files])
+  src = table.column("src_addr").combine_chunks().cast(pa.string())
+  every_other = pa.array(np.arange(table.num_rows) % 2 == 1)
+  mixed = pc.if_else(every_other, pc.utf8_upper(src), src)
+  assert pc.sum(pc.not_equal(mixed, src)).as_py() > 1000  # IPv6 sources with hex letters
+  path = str(tmp_path / "mixed.parquet")
+  index = table.schema.get_field_index("src_addr")
+  pq.write_table(table.set_column(index, "src_addr", mixed), path, row_group_size=4000)
+  one = prepare.prepare(store_config(tmp_path / "one", raw_files), progress=False)
+  expected = {k: v for k, v in store_files(one.summary["path"]).items() if k.endswith(".npy")}
+  for name in ("in memory", "spilled"):
+    if name == "spilled":
+      monkeypatch.setattr(partition, "MAX_BUCKET_ROWS", 5_000)
+    other = prepare.prepare(store_config(tmp_path / name, [path]), progress=False)
+    got = {k: v for k, v in store_files(other.summary["path"]).items() if k.endswith(".npy")}
+    assert got.keys() == expected.keys()
+    for key in got:
+      assert got[key] == expected[key], (name, key)

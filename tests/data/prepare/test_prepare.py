@@ -1,0 +1,344 @@
+"""prepare: raw parquet → the prepared store, on generated data and on each kind of bad input."""
+
+import collections
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from maxtext_netdata import cli, config
+from maxtext_netdata.data.prepare import prepare
+from maxtext_netdata.data.raw import addresses, schema
+from maxtext_netdata.data.store import store
+from maxtext_netdata.data.synthetic.generate import generate
+from maxtext_netdata.errors import DataError
+from maxtext_netdata.format import tokenizer
+
+
+@pytest.fixture(scope="module")
+def raw_files(tmp_path_factory):
+  return generate(
+    str(tmp_path_factory.mktemp("raw")), rows=20_000, shards=3, seed=0, progress=False
+  )
+
+
+def make_config(prepared_dir, files, *overrides):
+  files = files if isinstance(files, str) else ",".join(files)
+  return config.load(
+    None, [f"grain_train_files={files}", f"network_prepared_dir={prepared_dir}", *overrides]
+  )
+
+
+def raw_rows(files) -> collections.Counter:
+  """(version, src bytes, dst bytes, seconds, rtt float32) of every raw row, as a multiset."""
+  out = collections.Counter()
+  for path in files:
+    table = pq.read_table(path)
+    columns, _ = schema.validate_table(table, source=path)
+    for i in range(len(columns)):
+      out[
+        (
+          int(columns.version[i]),
+          columns.src[i].tobytes(),
+          columns.dst[i].tobytes(),
+          int(columns.seconds[i]),
+          float(np.float32(columns.rtt[i])),
+        )
+      ] += 1
+  return out
+
+
+def store_rows(split: store.PreparedStore) -> collections.Counter:
+  out = collections.Counter()
+  for p in range(split.num_probes):
+    rows = split.probe_rows(p)
+    for i in range(rows.start, rows.stop):
+      out[
+        (
+          int(split.probe_version[p]),
+          split.probe_src[p].tobytes(),
+          split.dst[i].tobytes(),
+          int(split.seconds[i]),
+          float(split.rtt_ms[i]),
+        )
+      ] += 1
+  return out
+
+
+def probe_keys(split: store.PreparedStore) -> set:
+  return {(int(v), s.tobytes()) for v, s in zip(split.probe_version, split.probe_src, strict=True)}
+
+
+def test_store_holds_every_row_grouped_by_probe_and_time_sorted(tmp_path, raw_files):
+  splits = prepare.prepare(make_config(tmp_path, raw_files), progress=False)
+  train, test = splits.train, splits.eval
+  assert not splits.cached
+  assert train.num_rows + test.num_rows == sum(pq.read_metadata(f).num_rows for f in raw_files)
+  assert store_rows(train) + store_rows(test) == raw_rows(raw_files)
+  assert not probe_keys(train) & probe_keys(test)
+  for split in (train, test):
+    offsets = split.probe_offsets
+    assert offsets[0] == 0 and offsets[-1] == split.num_rows
+    assert (np.diff(offsets) > 0).all()
+    probe_of_row = np.repeat(np.arange(split.num_probes), np.diff(offsets))
+    same_probe = probe_of_row[1:] == probe_of_row[:-1]
+    assert (np.diff(split.seconds)[same_probe] >= 0).all()
+    np.testing.assert_array_equal(split.failed, split.rtt_ms < 0)
+    # The RTT bytes encode the raw float64 RTT: decoded, within the 11-bit mantissa's step.
+    high, low = split.rtt_bytes[:, 0].astype(np.int64), split.rtt_bytes[:, 1].astype(np.int64)
+    decoded = (((high & 7) << 8) | low) * 2.0 ** (high >> 3) / 1000
+    ok = ~split.failed
+    rtt = split.rtt_ms[ok].astype(np.float64)
+    assert (decoded[ok] <= np.maximum(rtt, 0.001) * (1 + 1e-6)).all()
+    assert (decoded[ok] >= rtt * (1 - 2.0**-10) - 1e-6).all()
+    assert (split.rtt_bytes[split.failed] == 0).all()
+    assert split.hashed_order is None
+  summary = splits.summary
+  assert summary["rows"] == summary["rows_read"] == train.num_rows + test.num_rows
+  assert summary["probes"] == train.num_probes + test.num_probes
+  assert 0.05 < test.num_probes / summary["probes"] < 0.2
+  assert summary["failed_share"] == pytest.approx(
+    (train.failed.sum() + test.failed.sum()) / summary["rows"]
+  )
+
+
+def test_store_content_does_not_depend_on_files_or_row_order(tmp_path, raw_files):
+  first = prepare.prepare(make_config(tmp_path / "a", raw_files), progress=False)
+  # The same rows shuffled into differently named files, in another order.
+  table = pa.concat_tables([pq.read_table(f) for f in raw_files])
+  order = np.random.default_rng(1).permutation(table.num_rows)
+  table = table.take(order)
+  other = []
+  for k, part in enumerate(np.array_split(np.arange(table.num_rows), 2)):
+    path = str(tmp_path / f"z{1 - k}.parquet")
+    pq.write_table(table.take(part), path, row_group_size=3000)
+    other.append(path)
+  second = prepare.prepare(make_config(tmp_path / "b", other[::-1]), progress=False)
+  for name in ("train", "eval"):
+    a, b = getattr(first, name), getattr(second, name)
+    for array in (*store.PROBE_ARRAYS, "dst", "seconds", "rtt_bytes", "failed", "rtt_ms"):
+      np.testing.assert_array_equal(getattr(a, array), getattr(b, array), err_msg=array)
+
+
+def test_probe_split_is_stable_whatever_the_other_files(tmp_path, raw_files):
+  full = prepare.prepare(make_config(tmp_path / "full", raw_files), progress=False)
+  part = prepare.prepare(make_config(tmp_path / "part", raw_files[1]), progress=False)
+  assert probe_keys(part.eval) <= probe_keys(full.eval)
+  assert probe_keys(part.train) <= probe_keys(full.train)
+
+
+def test_time_split_holds_out_the_latest_rows(tmp_path, raw_files):
+  splits = prepare.prepare(
+    make_config(tmp_path, raw_files, "network_split=time", "network_test_fraction=0.2"),
+    progress=False,
+  )
+  assert splits.train.seconds.max() < splits.eval.seconds.min()
+  share = splits.eval.num_rows / (splits.train.num_rows + splits.eval.num_rows)
+  assert 0.19 < share < 0.25
+
+
+def test_eval_files_become_the_eval_split(tmp_path, raw_files):
+  cfg = make_config(tmp_path, raw_files[:2], f"grain_eval_files={raw_files[2]}")
+  splits = prepare.prepare(cfg, progress=False)
+  assert splits.eval.num_rows == pq.read_metadata(raw_files[2]).num_rows
+  assert splits.eval.meta["split"] == "eval"
+  assert os.path.isdir(os.path.join(splits.summary["path"], "test"))
+
+
+def test_hashed_field_order_is_stored(tmp_path, raw_files):
+  splits = prepare.prepare(
+    make_config(tmp_path, raw_files[0], "network_field_order=hashed"), progress=False
+  )
+  split = splits.train
+  assert split.hashed_order.shape == (split.num_rows, 2)
+  p = 0
+  rows = split.probe_rows(p)
+  src = addresses.format_address(split.probe_src[p], int(split.probe_version[p]))
+  dst = [addresses.format_address(d, int(split.probe_version[p])) for d in split.dst[rows]]
+  for has_ts in (False, True):
+    expected = tokenizer.hashed_orders(
+      [src] * len(dst), dst, split.seconds[rows], np.full(len(dst), has_ts)
+    )
+    np.testing.assert_array_equal(split.hashed_order[rows, int(has_ts)], expected)
+
+
+def test_cached_store_is_reused_and_rebuilt_when_an_input_changes(tmp_path, raw_files):
+  files = [str(tmp_path / os.path.basename(f)) for f in raw_files]
+  for src, dst in zip(raw_files, files, strict=True):
+    with open(src, "rb") as f_in, open(dst, "wb") as f_out:
+      f_out.write(f_in.read())
+  cfg = make_config(tmp_path / "prep", files)
+  first = prepare.prepare(cfg, progress=False)
+  meta_path = os.path.join(first.summary["path"], store.META_FILE)
+  before = os.stat(meta_path).st_mtime_ns
+  again = prepare.ensure_prepared(cfg, progress=False)
+  assert again.cached and again.summary["path"] == first.summary["path"]
+  assert os.stat(meta_path).st_mtime_ns == before
+
+  table = pq.read_table(files[0])
+  pq.write_table(table.slice(0, table.num_rows - 10), files[0])
+  changed = prepare.ensure_prepared(cfg, progress=False)
+  assert not changed.cached and changed.summary["path"] != first.summary["path"]
+  assert changed.summary["rows"] == first.summary["rows"] - 10
+
+  assert (
+    prepare.ensure_prepared(cfg.replace(network_test_fraction=0.3), progress=False).cached is False
+  )
+  forced = prepare.prepare(cfg, progress=False, force=True)
+  assert not forced.cached and forced.summary["path"] == changed.summary["path"]
+
+
+def good_table(n=50):
+  return pa.table(
+    {
+      "msm_id": pa.array(np.arange(n), pa.int64()),
+      "event_time": pa.array(np.arange(n) + 1_751_328_000, pa.timestamp("s")),
+      "src_addr": [f"192.0.2.{i % 5}" for i in range(n)],
+      "dst_addr": ["8.8.8.8"] * n,
+      "ip_version": pa.array([4] * n, pa.int8()),
+      "rtt": pa.array(np.linspace(1, 100, n)),
+    }
+  )
+
+
+def with_column(table, name, values, type_=None):
+  index = table.schema.get_field_index(name)
+  return table.set_column(index, name, pa.array(values, type_))
+
+
+BAD_TABLES = {
+  "missing column": (lambda t: t.drop_columns(["rtt"]), r"missing column\(s\) rtt"),
+  "wrong type": (lambda t: with_column(t, "rtt", [str(x) for x in range(50)]), "'rtt' has type"),
+  "unparsable address": (
+    lambda t: with_column(t, "dst_addr", ["8.8.8.8"] * 7 + ["not-an-ip"] + ["8.8.8.8"] * 42),
+    "row 7",
+  ),
+  "version mismatch": (
+    lambda t: with_column(t, "src_addr", ["192.0.2.1"] * 9 + ["2001:db8::1"] + ["192.0.2.1"] * 40),
+    "row 9",
+  ),
+  "NaN RTT": (lambda t: with_column(t, "rtt", [1.0] * 11 + [np.nan] + [1.0] * 38), "row 11"),
+  "infinite RTT": (lambda t: with_column(t, "rtt", [1.0] * 12 + [np.inf] + [1.0] * 37), "row 12"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TABLES))
+def test_bad_input_is_an_error_naming_file_and_row(tmp_path, case):
+  make, expected = BAD_TABLES[case]
+  pq.write_table(good_table(), tmp_path / "good.parquet")
+  bad = str(tmp_path / "bad.parquet")
+  pq.write_table(make(good_table()), bad)
+  cfg = make_config(tmp_path / "prep", str(tmp_path / "*.parquet"))
+  with pytest.raises(DataError, match=expected) as error:
+    prepare.prepare(cfg, progress=False)
+  assert bad in str(error.value)
+  assert not os.path.exists(tmp_path / "prep") or not os.listdir(tmp_path / "prep")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_corrupt_file_is_an_error_naming_it(tmp_path, damage):
+  path = str(tmp_path / "bad.parquet")
+  pq.write_table(good_table(), path)
+  data = open(path, "rb").read()
+  with open(path, "wb") as f:
+    f.write(data[: len(data) // 2] if damage == "truncated" else os.urandom(len(data)))
+  with pytest.raises(DataError, match="not a readable parquet file") as error:
+    prepare.prepare(make_config(tmp_path / "prep", path), progress=False)
+  assert path in str(error.value)
+
+
+def test_no_matching_file_names_the_pattern(tmp_path):
+  pattern = str(tmp_path / "nothing-*.parquet")
+  with pytest.raises(DataError, match="no file matches") as error:
+    prepare.prepare(make_config(tmp_path / "prep", pattern), progress=False)
+  assert pattern in str(error.value)
+
+
+def test_skip_mode_drops_and_counts_bad_rows(tmp_path):
+  table = good_table()
+  table = with_column(table, "rtt", [1.0] * 11 + [np.nan, np.inf] + [1.0] * 37)
+  table = with_column(table, "dst_addr", ["8.8.8.8"] * 20 + ["bogus"] + ["8.8.8.8"] * 29)
+  pq.write_table(table, tmp_path / "a.parquet")
+  splits = prepare.prepare(
+    make_config(tmp_path / "prep", str(tmp_path / "a.parquet"), "network_skip_bad_rows=true"),
+    progress=False,
+  )
+  summary = splits.summary
+  assert summary["rows_read"] == 50 and summary["rows"] == 47
+  assert summary["skipped"] == {
+    "rtt is NaN, infinite or null": 2,
+    "dst_addr unparsable or not matching ip_version": 1,
+  }
+  assert "skipped   3 rows" in prepare.format_summary(summary)
+
+
+def test_failure_midway_leaves_no_store(tmp_path, raw_files):
+  bad = good_table()
+  bad = with_column(bad, "dst_addr", ["8.8.8.8"] * 30 + ["999.1.1.1"] + ["8.8.8.8"] * 19)
+  bad_path = str(tmp_path / "zz-last.parquet")
+  pq.write_table(bad, bad_path)
+  prepared = tmp_path / "prep"
+  with pytest.raises(DataError, match="row 30"):
+    prepare.prepare(make_config(prepared, [*raw_files, bad_path]), progress=False)
+  assert os.listdir(prepared) == []  # neither a store nor a temporary directory
+
+
+def test_remains_of_an_interrupted_build_are_not_a_store(tmp_path, raw_files):
+  cfg = make_config(tmp_path, raw_files[0])
+  splits = prepare.prepare(cfg, progress=False)
+  root = splits.summary["path"]
+  os.remove(os.path.join(root, store.META_FILE))  # as if stopped before the last write
+  rebuilt = prepare.ensure_prepared(cfg, progress=False)
+  assert not rebuilt.cached and rebuilt.train.num_rows == splits.train.num_rows
+
+
+def test_cli_prints_the_summary_and_reports_errors_in_one_line(tmp_path, raw_files, capsys):
+  overrides = [f"grain_train_files={raw_files[0]}", f"network_prepared_dir={tmp_path}"]
+  assert cli.main(["prepare", "base.yml", *overrides]) == 0
+  out = capsys.readouterr().out
+  assert "probes" in out and "rows/s" in out and "peak RSS" in out
+  assert cli.main(["prepare", "base.yml", *overrides]) == 0
+  assert "(cached)" in capsys.readouterr().out
+  missing = str(tmp_path / "missing-*.parquet")
+  assert cli.main(["prepare", "base.yml", f"grain_train_files={missing}"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and missing in err[0]
+
+
+_BIG_PARENT = """
+import subprocess, sys
+import numpy as np
+held = np.ones(96 << 20)  # 768 MiB resident in this process
+sys.exit(subprocess.run(sys.argv[1:]).returncode)
+"""
+
+
+def test_the_peak_memory_reported_is_the_commands_own_not_its_parents(tmp_path, raw_files):
+  # Linux folds the memory a process had before exec into ru_maxrss: a prepare started by a
+  # 768 MiB process reported at least 768 MiB.
+  run = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      _BIG_PARENT,
+      sys.executable,
+      "-m",
+      "maxtext_netdata",
+      "prepare",
+      "base.yml",
+      f"grain_train_files={raw_files[0]}",
+      f"network_prepared_dir={tmp_path}",
+    ],  # fmt: skip
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
+  assert run.returncode == 0, run.stderr[-2000:]
+  peak = float(re.search(r"peak RSS ([\d,]+) MiB", run.stdout).group(1).replace(",", ""))
+  assert 50 < peak < 700, run.stdout

@@ -1,0 +1,4 @@
+"""Helpers the tests share: generated stores and configs (`pipeline`), worker processes and
+signals (`processes`), reference implementations written from docs/spec.md
+(`reference_tokenizer`, `reference_batches`), RIPE result shapes (`ripe_results`), MaxText
+runs (`maxtext`, `maxtext_hooks`) and the trainer (`train`)."""
