@@ -52,7 +52,7 @@ def _bench(tmp_path, config, *args) -> tuple[subprocess.CompletedProcess, dict |
   argv = [sys.executable, "-m", "maxtext_netdata", "bench", "--maxtext", config]
   argv += [f"base_output_directory={tmp_path}", *args, f"--report={report}"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+  env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
   result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=500, cwd=ROOT)
   if not report.exists():
     return result, None

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from tests.helpers import REPO
 
-SMOKE = str(Path(__file__).resolve().parents[1] / "configs" / "maxtext" / "smoke.yml")
+SMOKE = str(REPO / "configs" / "maxtext" / "smoke.yml")
 TINY_MODEL = [
   "base_num_decoder_layers=1",
   "base_emb_dim=64",

@@ -35,7 +35,7 @@ TINY_TRAINER = [
   "learning_rate_schedule_steps=100",
 ]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def train_overrides(sample_dir, out: Path, run_name: str, steps: int, workers: int) -> list[str]:

@@ -2,7 +2,6 @@
 
 import datetime
 import json
-import os
 import subprocess
 import sys
 
@@ -13,9 +12,10 @@ import pytest
 
 from maxtext_netdata import cli
 from maxtext_netdata.format import tokenizer
+from tests.helpers import REPO
 from tests.helpers import reference_tokenizer as ref
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = str(REPO)
 LIMIT = 400
 
 

@@ -22,8 +22,9 @@ import pytest
 from maxtext_netdata import cli
 from maxtext_netdata.data.store import store
 from maxtext_netdata.data.synthetic.generate import generate
+from tests.helpers import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = str(REPO)
 COPIES = 60
 TOKENIZE = ["--field-order", "hashed", "--timestamps", "abs"]
 

@@ -8,8 +8,9 @@ import pyarrow.parquet as pq
 
 from maxtext_netdata import cli
 from maxtext_netdata.data.synthetic.generate import generate
+from tests.helpers import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = str(REPO)
 
 
 def _with_invalid_utf8(tmp_path, row: int) -> str:
