@@ -1,6 +1,10 @@
 """Errors reported to the user as one line, without a traceback (the CLI catches these)."""
 
 
+class ConfigError(ValueError):
+  """A configuration that cannot be used, with a message meant for the user."""
+
+
 class DataError(ValueError):
   """Bad input data; the message names the file and, where known, the row."""
 

@@ -146,7 +146,7 @@ def mermaid() -> str:
   ]
   for layer in LAYERS:
     for room in layer:
-      label = f"{room}.py" if room in everywhere else f"{room}/"
+      label = f"{room}/" if PACKAGE.joinpath(room).is_dir() else f"{room}.py"
       lines.append(f'  {_node(room)}["{label}"]')
   for source in [room for layer in LAYERS for room in layer]:
     for target in sorted(edges.get(source, ()) - everywhere):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 
 import numpy as np
 import tqdm
@@ -22,20 +21,10 @@ from maxtext_netdata.data.raw import reader
 from maxtext_netdata.data.store import store
 from maxtext_netdata.errors import DataError
 
-# Set to a stage name ("reading", "partitioned", "sorted", "assembled"), a prepare stops
-# itself there with SIGSTOP: the crash tests kill it at a known point.
-PAUSE_ENV = "MAXTEXT_NETDATA_PREPARE_PAUSE_AT"
-
 
 def uses_hashed_order(config) -> bool:
   """Whether the store keeps each row's hashed field order (`network_field_order: hashed`)."""
   return config.network_field_order == "hashed"
-
-
-def pause_point(stage: str) -> None:
-  """Stop this process at `stage` when the environment asks (the crash tests kill it there)."""
-  if os.environ.get(PAUSE_ENV) == stage:
-    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def spill(config, options, files, metadata, *, buckets, folder, progress, on_chunk=None):
@@ -63,10 +52,8 @@ def spill(config, options, files, metadata, *, buckets, folder, progress, on_chu
           writer.add(bucket, chunk)
           if on_chunk is not None:
             on_chunk(chunk)
-        pause_point("reading")
     finally:
       writer.close()
-  pause_point("partitioned")
   return writer, report
 
 
@@ -98,7 +85,7 @@ def build(config, options, files, metadata, *, buckets, work, spill_dir, split, 
   if not sum(totals.values()):
     shutil.rmtree(spill_dir, ignore_errors=True)
     raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
-  probes, paused = 0, False
+  probes = 0
   with assemble.Assembler(
     work, split, fraction, meta, totals, uses_hashed_order(config)
   ) as assembler:
@@ -112,9 +99,6 @@ def build(config, options, files, metadata, *, buckets, work, spill_dir, split, 
         assembler.add(sorted_bucket)
         probes += sorted_bucket.num_probes
         del sorted_bucket
-        if not paused:  # rows of the store written, the store not complete
-          paused = True
-          pause_point("sorted")
   shutil.rmtree(spill_dir, ignore_errors=True)
   return assembler.finish(), report, probes
 

@@ -56,8 +56,6 @@ class PreparedSplits:
 
 # Config keys whose value changes the store's content.
 _CONTENT_KEYS = ("network_split", "network_test_fraction", "network_skip_bad_rows")
-PAUSE_ENV = local_runner.PAUSE_ENV
-_pause_point = local_runner.pause_point
 
 
 def fingerprint(
@@ -203,7 +201,6 @@ def _build_group(config, options, files, *, work, name, split, meta, progress, r
   )
   if not pieces:
     raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
-  _pause_point("sorted")
   probes = sum(store.PreparedStore(path).num_probes for path in pieces)
   counts = assemble.assemble(pieces, work, split, config.network_test_fraction, meta)
   shutil.rmtree(pieces_dir, ignore_errors=True)
@@ -241,7 +238,6 @@ def _build(config, options, train_files, eval_files, tmp, fp, progress, runner) 
     counts.update(eval_counts)
     report.rows_read += eval_report.rows_read
     report.skipped.merge(eval_report.skipped)
-  _pause_point("assembled")
   return _summary(
     config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start
   )

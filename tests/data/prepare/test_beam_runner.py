@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
-from maxtext_netdata import cli, config
+from maxtext_netdata import cli
 from maxtext_netdata.data.prepare import partition, prepare
 from maxtext_netdata.data.synthetic.generate import generate
+from tests.helpers import REPO
 from tests.helpers.pipeline import store_config, store_files
 
 beam = pytest.importorskip("apache_beam")  # the `beam` extra (scripts/test.sh installs it)
@@ -48,7 +49,7 @@ def test_cli_runs_beam_with_pipeline_options_after_the_separator(tmp_path, raw_f
   code = cli.main(
     [
       "prepare",
-      os.path.join(os.path.dirname(config.__file__), "..", "configs", "base.yml"),
+      str(REPO / "configs" / "base.yml"),
       f"grain_train_files={','.join(raw_files)}",
       f"network_prepared_dir={tmp_path}",
       "--runner",
@@ -66,7 +67,7 @@ def test_a_beam_prepare_leaves_nothing_in_the_temporary_directory(tmp_path, raw_
   # in the temporary directory on every run.
   temporary = tmp_path / "tmp"
   temporary.mkdir()
-  base = os.path.join(os.path.dirname(config.__file__), "..", "configs", "base.yml")
+  base = str(REPO / "configs" / "base.yml")
   run = subprocess.run(
     [
       sys.executable,

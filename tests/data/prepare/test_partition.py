@@ -1,7 +1,7 @@
 """Bucketed prepare: the bucket count does not change the store; killed and concurrent prepares.
 
 The crash and concurrency tests run `maxtext-netdata prepare` as real processes: a prepare
-stopped at a stage (`MAXTEXT_NETDATA_PREPARE_PAUSE_AT`) is killed there with SIGKILL.
+stopped at a stage (`tests/helpers/paused_prepare.py`) is killed there with SIGKILL.
 """
 
 import glob
@@ -17,10 +17,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from maxtext_netdata import config
 from maxtext_netdata.data.prepare import assemble, partition, prepare, probes
 from maxtext_netdata.data.store import store
 from maxtext_netdata.data.synthetic.generate import generate
+from tests.helpers import REPO
 from tests.helpers.pipeline import store_config, store_files
 
 
@@ -83,16 +83,19 @@ def test_time_cutoff_is_numpys_higher_quantile(tmp_path):
 
 def _prepare_process(prepared_dir, files, pause_at=None, stderr=subprocess.PIPE):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  if pause_at:
-    env[prepare.PAUSE_ENV] = pause_at
-  code = "import sys; from maxtext_netdata import cli; sys.exit(cli.main(sys.argv[1:]))"
+  if pause_at:  # the CLI with prepare stopping itself at that stage
+    command = ["-m", "tests.helpers.paused_prepare", pause_at]
+  else:
+    command = [
+      "-c",
+      "import sys; from maxtext_netdata import cli; sys.exit(cli.main(sys.argv[1:]))",
+    ]
   return subprocess.Popen(
     [
       sys.executable,
-      "-c",
-      code,
+      *command,
       "prepare",
-      os.path.join(os.path.dirname(config.__file__), "..", "configs", "base.yml"),
+      str(REPO / "configs" / "base.yml"),
       f"grain_train_files={','.join(files)}",
       f"network_prepared_dir={prepared_dir}",
     ],
@@ -100,6 +103,7 @@ def _prepare_process(prepared_dir, files, pause_at=None, stderr=subprocess.PIPE)
     stdout=subprocess.PIPE,
     stderr=stderr,
     text=True,
+    cwd=REPO,
   )
 
 
