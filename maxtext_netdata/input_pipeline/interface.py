@@ -10,7 +10,6 @@ joins them.
 from __future__ import annotations
 
 import math
-import sys
 from typing import NamedTuple
 
 import jax
@@ -20,9 +19,7 @@ from jax.sharding import Mesh
 from maxtext_netdata.config import Config, ConfigError
 from maxtext_netdata.distributed import mesh as mesh_lib
 from maxtext_netdata.distributed import multihost
-from maxtext_netdata.errors import DataError
-from maxtext_netdata.input_pipeline import network_grain, placement, registry, synthetic
-from maxtext_netdata.input_pipeline.sequences import BatchBuilder
+from maxtext_netdata.input_pipeline import placement, registry, synthetic
 
 
 def to_global(
@@ -115,30 +112,17 @@ def host_slice(config: Config, mesh: Mesh) -> HostSlice:
 
 
 def _network_grain(config: Config, mesh: Mesh):
-  from maxtext_netdata.input_pipeline import shared_store  # noqa: PLC0415 (only this dataset type needs it)
+  from maxtext_netdata.input_pipeline import network_splits  # noqa: PLC0415 (only this dataset type needs it)
 
   size, sharding, lo, hi = host_slice(config, mesh)
-  # Process 0 prepares first; every process then checks it holds process 0's store.
-  splits = shared_store.prepare_shared_store(config)
-  train = BatchBuilder.from_config(config, splits.train, size)
-  train_iterator = DataIterator(
-    network_grain.HostBatchIterator(config, train, lo, hi, train.num_steps), sharding, size
+  train, evaluation = network_splits.network_splits(
+    config, train_rows=size, eval_rows=size, eval_steps=config.eval_steps, eval_required=False
   )
-  eval_iterator = None
-  if splits.eval.num_rows:
-    builder = BatchBuilder.from_config(config, splits.eval, size, num_epoch=1)
-    try:
-      steps = min(config.eval_steps, builder.steps_per_epoch)
-    except DataError as e:
-      print(f"input pipeline: no eval batches: {e}", file=sys.stderr)
-    else:
-      # In-process: a few batches per eval, and every eval restarts the iterator (set_state),
-      # which would restart worker processes.
-      local = network_grain.HostBatchIterator(
-        config, builder, lo, hi, steps, split="eval", in_process=True
-      )
-      eval_iterator = DataIterator(local, sharding, size)
-  return train_iterator, eval_iterator
+
+  def global_batches(split: network_splits.SplitBatches) -> DataIterator:
+    return DataIterator(split.host_batches(lo, hi), sharding, size)
+
+  return global_batches(train), None if evaluation is None else global_batches(evaluation)
 
 
 def _synthetic(config: Config, mesh: Mesh):

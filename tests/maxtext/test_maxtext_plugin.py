@@ -24,7 +24,7 @@ from tests.helpers.maxtext import SMOKE, TINY_MODEL
 pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
 
 from maxtext_netdata.config import ConfigError  # noqa: E402
-from maxtext_netdata.maxtext import checkpoints as maxtext_checkpoints  # noqa: E402
+from maxtext_netdata.maxtext import patch_checkpoints  # noqa: E402
 from maxtext_netdata.maxtext import plugin as maxtext_plugin  # noqa: E402
 
 TINY = [*TINY_MODEL, "log_period=1", "async_checkpointing=false"]
@@ -228,6 +228,40 @@ def test_eval_iterator_serves_the_test_split_again_at_every_eval(data_overrides)
   assert not any(np.array_equal(a, b) for a in first for b in train_batches)
 
 
+def test_plugin_and_our_pipeline_yield_the_same_batches(data_overrides):
+  """MaxText's network_grain iterators and our `create_data_iterator` for the same config: the
+  same train batches, and the same eval batches, as many of them (both build their splits with
+  `input_pipeline.network_splits`)."""
+  from maxtext.input_pipeline import input_pipeline_interface  # noqa: PLC0415
+  from maxtext.utils import maxtext_utils  # noqa: PLC0415
+
+  from maxtext_netdata.distributed import mesh as mesh_lib  # noqa: PLC0415
+  from maxtext_netdata.input_pipeline import create_data_iterator  # noqa: PLC0415
+
+  config = _maxtext_config(*TINY, *data_overrides, "eval_interval=2", "eval_steps=2")
+  ours = maxtext_plugin.network_config(config).replace(eval_steps=2)
+  theirs_train, theirs_eval = input_pipeline_interface.create_data_iterator(
+    config, maxtext_utils.get_mesh_from_config(config)
+  )
+  our_train, our_eval = create_data_iterator(ours, mesh_lib.make_mesh(ours))
+  try:
+    for _ in range(3):
+      theirs, mine = next(theirs_train), next(our_train)
+      assert sorted(theirs) == sorted(mine)
+      for key in mine:
+        np.testing.assert_array_equal(np.asarray(theirs[key]), np.asarray(mine[key]), key)
+    theirs = [{k: np.asarray(v) for k, v in batch.items()} for batch in theirs_eval]
+    mine = [{k: np.asarray(v) for k, v in batch.items()} for batch in our_eval]
+    assert len(theirs) == len(mine) == 2
+    for their_batch, my_batch in zip(theirs, mine, strict=True):
+      assert sorted(their_batch) == sorted(my_batch)
+      for key in my_batch:
+        np.testing.assert_array_equal(their_batch[key], my_batch[key], key)
+  finally:
+    for iterator in (theirs_train, theirs_eval, our_train, our_eval):
+      iterator.close()
+
+
 @pytest.mark.slow
 def test_run_with_workers_and_several_evals_leaves_nothing(tmp_path, data_overrides, jax_cache):
   """MaxText's trainer with 2 Grain workers and 3 evals: no process of the run's session and no
@@ -412,9 +446,7 @@ def test_resume_from_maxtext_checkpoint_across_process_counts(tmp_path, data_ove
     assert saved["step"] == 2
     moved = iter_dir / "5" / "iter" / "process_1-of-2.json"
     moved.write_text(json.dumps({**json.loads(moved.read_text()), "step": 7}))
-    with pytest.raises(
-      maxtext_checkpoints.CheckpointError, match="process_1-of-2.json hold another"
-    ):
+    with pytest.raises(patch_checkpoints.CheckpointError, match="process_1-of-2.json hold another"):
       grain_utility.for_restore(manager, 5, train, -1)
   finally:
     train.close()

@@ -1,9 +1,14 @@
-"""MaxText's checkpointing of our data position: the patches `plugin.install()` applies.
+"""The checkpoints patch: MaxText saves and restores our data position.
 
 MaxText saves and restores the data iterator only for `dataset_type == "grain"`;
-`make_save_checkpoint` and `make_load_state` let `network_grain` through as `grain`, so the
-position (`network_grain.POSITION_FORMAT`) goes into each checkpoint's `iter` item.
-`make_for_restore` restores our iterator from the per-process files of any process count.
+`checkpointing.save_checkpoint` and `load_state_if_possible` see `network_grain` as `grain`,
+so the data position (`network_grain.POSITION_FORMAT`: next global step and what identifies
+the data) goes into each checkpoint's `iter` item, through MaxText's own Grain checkpointable
+(`PositionIterator`), and a restart continues with exactly the next batch, whatever
+`grain_worker_count` / `grain_num_threads` either run used. `grain_utility.for_restore`
+restores our iterator from the checkpoint's per-process files whatever process count wrote
+them (MaxText's own restore needs one file per process or `expansion_factor_real_data`): the
+position is global, so every file holds the same one.
 """
 
 from __future__ import annotations
@@ -14,15 +19,49 @@ import json
 import re
 
 from maxtext_netdata.errors import UserError
+from maxtext_netdata.maxtext.patch_config import NETWORK_GRAIN
 
-NETWORK_GRAIN = "network_grain"
+# What install() patches: (module, attribute).
+REQUIRED = (
+  ("maxtext.common.checkpointing", "save_checkpoint"),
+  ("maxtext.common.checkpointing", "load_state_if_possible"),
+  ("maxtext.common.grain_utility", "for_restore"),
+  ("maxtext.common.grain_utility", "GrainCheckpointable"),
+)
 
 
 class CheckpointError(UserError):
   """A checkpoint's data position files are incomplete or disagree."""
 
 
-class AsGrain:
+class PositionIterator:
+  """A `network_grain.HostBatchIterator` whose state is the data position as JSON bytes.
+
+  MaxText's Grain checkpointing (`grain_utility.GrainCheckpointable`) writes
+  `get_state().decode()` and restores with `set_state(text.encode())` for any iterator that is
+  not a Grain `DatasetIterator`, into the same `process_<i>-of-<n>.json` files.
+  """
+
+  def __init__(self, iterator):
+    self._iterator = iterator
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    return next(self._iterator)
+
+  def get_state(self) -> bytes:
+    return json.dumps(self._iterator.get_state(), indent=2).encode()
+
+  def set_state(self, state: bytes) -> None:
+    self._iterator.set_state(json.loads(state))
+
+  def close(self) -> None:
+    self._iterator.close()
+
+
+class _AsGrain:
   """A read-only view of a MaxText config whose dataset_type reads "grain"."""
 
   def __init__(self, config):
@@ -34,19 +73,19 @@ class AsGrain:
     return getattr(self._config, name)
 
 
-def make_save_checkpoint(original):
+def _make_save_checkpoint(original):
   @functools.wraps(original)
   def save_checkpoint(
     checkpoint_manager, step, state, config=None, data_iterator=None, force=False
   ):
     if config is not None and getattr(config, "dataset_type", None) == NETWORK_GRAIN:
-      config = AsGrain(config)
+      config = _AsGrain(config)
     return original(checkpoint_manager, step, state, config, data_iterator, force)
 
   return save_checkpoint
 
 
-def make_load_state(original):
+def _make_load_state(original):
   signature = inspect.signature(original)
 
   @functools.wraps(original)
@@ -62,7 +101,7 @@ def make_load_state(original):
 _STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
 
-def make_for_restore(grain_utility, original, iterator_class):
+def _make_for_restore(grain_utility, original, iterator_class):
   """`for_restore` that restores our iterator from a checkpoint written by any process count.
 
   Every process of the saving run wrote `process_<i>-of-<n>.json` holding the same global
@@ -106,3 +145,13 @@ def make_for_restore(grain_utility, original, iterator_class):
     )
 
   return for_restore
+
+
+def install(checkpointing, grain_utility, iterator_class) -> None:
+  """Lets `network_grain` through MaxText's checkpointing; `iterator_class` is the plugin's
+  multi-host iterator, whose position `for_restore` restores from any process count."""
+  grain_utility.for_restore = _make_for_restore(
+    grain_utility, grain_utility.for_restore, iterator_class
+  )
+  checkpointing.save_checkpoint = _make_save_checkpoint(checkpointing.save_checkpoint)
+  checkpointing.load_state_if_possible = _make_load_state(checkpointing.load_state_if_possible)
