@@ -18,24 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import jax
 import numpy as np
-import psutil
-from tqdm import tqdm
 
 from maxtext_netdata import config
-from maxtext_netdata.bench import accelerators, render
+from maxtext_netdata.bench import accelerators, loading, render
 from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench import report as bench_report
+from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.config import Config, ConfigError
 from maxtext_netdata.distributed import mesh
-
-# Training steps left out of the step statistics: the first compiles, the second may still
-# pay for the first step's metrics transfer.
-WARMUP_STEPS = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
   if args.loop_hook:
     raise ConfigError("--loop-hook patches MaxText: use it with --maxtext")
   cfg = config.load(args.config, args.overrides)
-  sweep = _parse_sweep(args.sweep_workers)
+  sweep = loading.parse_sweep(args.sweep_workers)
   if args.steps < 0 or args.batches < 1:
     raise ConfigError(f"--steps={args.steps} must be >= 0 and --batches={args.batches} >= 1")
   if args.profile and args.steps < 2:
@@ -116,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     )
   from maxtext_netdata.data.prepare import prepare
 
-  _progress("preparing the store (cached after the first run)")
+  loading.progress("preparing the store (cached after the first run)")
   prepare.ensure_prepared(cfg)
   report_path = Path(args.report) if args.report else cfg.run_dir / "bench" / "report.json"
   report = measure(cfg, args, sweep, report_path.parent)
@@ -137,21 +131,21 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
 
   synthetic = real = None
   if args.steps > 0 and args.target_step_time is None:
-    _progress(f"training {args.steps} + {WARMUP_STEPS} steps on synthetic data")
+    loading.progress(f"training {args.steps} + {WARMUP_STEPS} steps on synthetic data")
     synthetic = train_and_read_metrics(
       cfg, args.steps, out_dir / "synthetic", dataset_type="synthetic"
     )
 
   def load_alone(workers: int) -> dict:
-    _progress(f"loading {args.batches} batches alone, grain_worker_count={workers}")
+    loading.progress(f"loading {args.batches} batches alone, grain_worker_count={workers}")
     return measure_loading(cfg.replace(grain_worker_count=workers), device_mesh, args.batches)
 
-  loading = load_alone(cfg.grain_worker_count)
-  sweep_results = sweep_workers(loading, sweep, load_alone)
+  loading_alone = load_alone(cfg.grain_worker_count)
+  sweep_results = loading.sweep_workers(loading_alone, sweep, load_alone)
 
   profile = None
   if args.steps > 0:
-    _progress(f"training {args.steps} + {WARMUP_STEPS} steps on the configured data")
+    loading.progress(f"training {args.steps} + {WARMUP_STEPS} steps on the configured data")
     if args.profile:
       with bench_profile.trace(out_dir / "real" / "profile") as trace_dir:
         real = train_and_read_metrics(cfg, args.steps, out_dir / "real")
@@ -159,7 +153,7 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
     else:
       real = train_and_read_metrics(cfg, args.steps, out_dir / "real")
 
-  _progress("timing the pipeline stages")
+  loading.progress("timing the pipeline stages")
   stages = measure_stages(cfg, device_mesh, min(args.batches, 20))
 
   if args.target_step_time is not None:
@@ -182,15 +176,17 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
   recommendation = (
     bench_report.recommend_workers(sweep_results, target["step_time_s"]) if sweep_results else None
   )
-  knob = bench_report.next_knob(loading, _cpu_cores(), recommendation, stages["per_batch_s"])
+  knob = bench_report.next_knob(
+    loading_alone, loading.cpu_cores(), recommendation, stages["per_batch_s"]
+  )
   verdict = bench_report.decide(
-    target["step_time_s"], target["source"], loading, real, reference, knob
+    target["step_time_s"], target["source"], loading_alone, real, reference, knob
   )
   return {
     "config": cfg.config_path,
     "overrides": list(args.overrides),
     "host": {
-      "cpu_cores": _cpu_cores(),
+      "cpu_cores": loading.cpu_cores(),
       "devices": devices,
       "device_kind": jax.devices()[0].device_kind,
       "processes": jax.process_count(),
@@ -203,62 +199,31 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
     "target": target,
     "synthetic": synthetic,
     "real": real,
-    "loading": loading,
+    "loading": loading_alone,
     "sweep": sweep_results,
     "recommended_workers": recommendation,
     "stages": stages,
-    "accelerator": bench_report.with_loader_cores(estimate, loading),
+    "accelerator": bench_report.with_loader_cores(estimate, loading_alone),
     "profile": profile,
     "verdict": bench_profile.amend_verdict(verdict, profile) if profile else verdict,
   }
 
 
 def measure_loading(cfg: Config, device_mesh, batches: int) -> dict:
-  """The configured pipeline alone, no training: `batches` global batches after warm-up.
-
-  Each timed batch is `next(iterator)` until its arrays are on the device. Warm-up is the
-  first batch (worker start-up, reported as first-batch latency) plus as many batches as the
-  buffers hold, so the timed ones are made while we wait, not drained from a full buffer.
-  """
+  """Our pipeline alone, no training: `loading.time_loading` of `create_data_iterator`, the
+  warm-up being the batches our worker and prefetch buffers hold."""
   from maxtext_netdata.input_pipeline import create_data_iterator
 
   workers = _resolved_workers(cfg, device_mesh)
-  warmup = workers * cfg.grain_per_worker_buffer_size + cfg.grain_prefetch_buffer_size
-  start = time.perf_counter()
-  train_iter, eval_iter = create_data_iterator(cfg, device_mesh)
-  try:
-    jax.block_until_ready(_next(train_iter, cfg, 0))
-    first_batch_s = time.perf_counter() - start
-    for i in range(warmup):
-      _next(train_iter, cfg, i + 1)
-    cpu_before = _cpu_seconds()
-    times, real_tokens, slot_tokens = [], 0, 0
-    start = time.perf_counter()
-    for i in tqdm(range(batches), desc="loading alone", unit="batch", leave=False, disable=None):
-      t = time.perf_counter()
-      batch = jax.block_until_ready(_next(train_iter, cfg, warmup + 1 + i))
-      times.append(time.perf_counter() - t)
-      for shard in batch["inputs_segmentation"].addressable_shards:  # this host's rows
-        real_tokens += int(np.count_nonzero(shard.data))
-        slot_tokens += shard.data.size
-    elapsed = time.perf_counter() - start
-    cpu_seconds = _cpu_seconds(cpu_before)
-  finally:
-    for iterator in (train_iter, eval_iter):
-      if iterator is not None:
-        iterator.close()
-  return bench_report.loading_summary(
-    times, first_batch_s, elapsed, real_tokens, slot_tokens, cpu_seconds, workers
+  return loading.time_loading(
+    lambda: create_data_iterator(cfg, device_mesh),
+    lambda iterator: iterator.close(),
+    batches=batches,
+    warmup=workers * cfg.grain_per_worker_buffer_size + cfg.grain_prefetch_buffer_size,
+    workers=workers,
+    tokens_key="inputs_segmentation",
+    ran_out_hint=f" (num_epoch={cfg.num_epoch}): use fewer --batches, more data or num_epoch=-1",
   )
-
-
-def sweep_workers(loading: dict, sweep: list[int], measure: Callable[[int], dict]) -> list[dict]:
-  """Loading alone with each swept worker count: `measure(workers)` for each one, except the
-  count `loading` (the configured run) already measured, which is reused rather than re-timed.
-
-  Shared by both benches so the MaxText sweep reads the same as the project's own.
-  """
-  return [loading if workers == loading["workers"] else measure(workers) for workers in sweep]
 
 
 def measure_stages(cfg: Config, device_mesh, batches: int) -> dict:
@@ -327,16 +292,6 @@ def train_and_read_metrics(cfg: Config, steps: int, run_dir: Path, **overrides) 
   return bench_report.training_summary(records, WARMUP_STEPS)
 
 
-def _next(iterator, cfg: Config, index: int) -> dict:
-  try:
-    return next(iterator)
-  except StopIteration:
-    raise ConfigError(
-      f"the training data ran out after {index} batches (num_epoch={cfg.num_epoch}): use"
-      " fewer --batches, more data or num_epoch=-1"
-    ) from None
-
-
 def _resolved_workers(cfg: Config, device_mesh) -> int:
   """The worker count the pipeline will start (`grain_worker_count=-1` resolved)."""
   from maxtext_netdata.input_pipeline import interface, network_grain
@@ -345,41 +300,3 @@ def _resolved_workers(cfg: Config, device_mesh) -> int:
   return network_grain.worker_count(
     cfg, network_grain.host_batch_bytes(hi - lo, cfg.max_target_length)
   )
-
-
-def _cpu_seconds(before: dict[int, float] | None = None) -> dict[int, float] | float:
-  """CPU seconds per process of this one and its workers; with `before`, the total since."""
-  now = {}
-  processes = [psutil.Process()]
-  processes += processes[0].children(recursive=True)
-  for p in processes:
-    try:
-      times = p.cpu_times()
-    except psutil.Error:
-      continue
-    now[p.pid] = times.user + times.system
-  if before is None:
-    return now
-  return sum(seconds - before.get(pid, 0.0) for pid, seconds in now.items())
-
-
-def _cpu_cores() -> int:
-  from maxtext_netdata.input_pipeline.network_grain import usable_cores  # noqa: PLC0415
-
-  return usable_cores()
-
-
-def _parse_sweep(text: str | None) -> list[int]:
-  if not text:
-    return []
-  try:
-    values = sorted({int(v) for v in text.split(",") if v.strip()})
-  except ValueError:
-    raise ConfigError(f"--sweep-workers={text!r} must be comma-separated integers") from None
-  if any(v < 0 for v in values):
-    raise ConfigError(f"--sweep-workers={text!r}: worker counts must be >= 0")
-  return values
-
-
-def _progress(message: str) -> None:
-  print(f"[bench] {message}", flush=True)

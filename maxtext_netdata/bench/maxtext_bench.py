@@ -21,16 +21,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
-import numpy as np
-from tqdm import tqdm
 
-from maxtext_netdata.bench import benchmark, render
+from maxtext_netdata.bench import loading, render
 from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench import report as bench_report
+from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.config import ConfigError
 
 # Dataset types MaxText 0.2.5's create_data_iterator builds, plus ours through the plugin.
@@ -57,7 +55,7 @@ def run(args) -> int:
   plugin.install()
   maxtext_run.call_hook(args.loop_hook)
   cfg = load_config(path, args.overrides)
-  sweep = benchmark._parse_sweep(args.sweep_workers)
+  sweep = loading.parse_sweep(args.sweep_workers)
   if sweep and _dataset_type(cfg) not in ("grain", "network_grain"):
     raise ConfigError(f"--sweep-workers: dataset_type={_dataset_type(cfg)} has no grain workers")
   report_path = (
@@ -70,23 +68,21 @@ def run(args) -> int:
 
   synthetic = real = profile = None
   if args.steps and args.target_step_time is None:
-    _progress(f"MaxText on synthetic data: {args.steps} + {benchmark.WARMUP_STEPS} steps")
+    loading.progress(f"MaxText on synthetic data: {args.steps} + {WARMUP_STEPS} steps")
     synthetic = trainer.train("synthetic", ["dataset_type=synthetic"])
-  loading, sweep_results = measure_loadings(path, args.overrides, cfg, args.batches, sweep)
+  loading_alone, sweep_results = measure_loadings(path, args.overrides, cfg, args.batches, sweep)
   if args.steps:
-    _progress(f"MaxText on the configured data: {args.steps} + {benchmark.WARMUP_STEPS} steps")
+    loading.progress(f"MaxText on the configured data: {args.steps} + {WARMUP_STEPS} steps")
     extra = []
     if args.profile:
       extra = [
         "profiler=xplane",
-        f"skip_first_n_steps_for_profiler={benchmark.WARMUP_STEPS}",
+        f"skip_first_n_steps_for_profiler={WARMUP_STEPS}",
         f"profiler_steps={min(args.steps, PROFILE_STEPS)}",
       ]
     real = trainer.train("real", extra)
     if args.profile:
-      profile = bench_profile.read(
-        out / "real", step_module="train_step", first_step=benchmark.WARMUP_STEPS
-      )
+      profile = bench_profile.read(out / "real", step_module="train_step", first_step=WARMUP_STEPS)
 
   if args.target_step_time is not None:
     target = {"step_time_s": args.target_step_time, "source": "--target-step-time"}
@@ -103,10 +99,10 @@ def run(args) -> int:
   verdict = bench_report.decide(
     target["step_time_s"],
     target["source"],
-    loading,
+    loading_alone,
     real,
     target["step_time_s"],
-    _next_knob(cfg, loading, recommendation),
+    _next_knob(cfg, loading_alone, recommendation),
   )
   if profile is not None:
     verdict = bench_profile.amend_verdict(verdict, profile)
@@ -119,7 +115,7 @@ def run(args) -> int:
       "tokenizer_type": str(getattr(cfg.tokenizer_type, "value", cfg.tokenizer_type)),
     },
     "host": {
-      "cpu_cores": benchmark._cpu_cores(),
+      "cpu_cores": loading.cpu_cores(),
       "devices": jax.device_count(),
       "device_kind": jax.devices()[0].device_kind,
       "processes": jax.process_count(),
@@ -132,7 +128,7 @@ def run(args) -> int:
     "target": target,
     "synthetic": synthetic,
     "real": real,
-    "loading": loading,
+    "loading": loading_alone,
     "sweep": sweep_results,
     "recommended_workers": recommendation,
     "stages": None,
@@ -166,56 +162,42 @@ def load_config(path: str, overrides: list[str]):
 def measure_loadings(path, overrides, cfg, batches: int, sweep: list[int]):
   """Loading alone with the configured workers, then with each swept worker count."""
   workers = getattr(cfg, "grain_worker_count", 0)
-  _progress(f"MaxText's create_data_iterator alone: {batches} batches, {workers} workers")
-  loading = measure_loading(cfg, batches)
+  loading.progress(f"MaxText's create_data_iterator alone: {batches} batches, {workers} workers")
+  loading_alone = measure_loading(cfg, batches)
 
   def load_alone(count: int) -> dict:
-    _progress(f"MaxText's create_data_iterator alone: {batches} batches, {count} workers")
+    loading.progress(f"MaxText's create_data_iterator alone: {batches} batches, {count} workers")
     return measure_loading(load_config(path, [*overrides, f"grain_worker_count={count}"]), batches)
 
-  return loading, benchmark.sweep_workers(loading, sweep, load_alone)
+  return loading_alone, loading.sweep_workers(loading_alone, sweep, load_alone)
 
 
 def measure_loading(cfg, batches: int) -> dict:
   """MaxText's `create_data_iterator` with no training, as `standalone_dataloader` times it:
-  the first batch (start-up included), then as many untimed batches as the buffers hold, then
-  `batches` timed ones, each `next()` until its arrays are on the device."""
+  `loading.time_loading`, the warm-up being one batch more than MaxText's worker buffers hold."""
   from maxtext.input_pipeline import input_pipeline_interface
   from maxtext.utils import maxtext_utils
 
   mesh = maxtext_utils.get_mesh_from_config(cfg)
   workers = max(0, int(getattr(cfg, "grain_worker_count", 0)))
-  warmup = workers * int(getattr(cfg, "grain_per_worker_buffer_size", 1)) + 1
-  start = time.perf_counter()
-  try:
-    train_iter, eval_iter = input_pipeline_interface.create_data_iterator(cfg, mesh)
-  except Exception as e:
-    message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise ConfigError(
-      f"MaxText cannot build its {_dataset_type(cfg)} pipeline: {message}"
-    ) from None
-  try:
-    jax.block_until_ready(_next(train_iter, 0))
-    first_batch_s = time.perf_counter() - start
-    for i in range(warmup):
-      _next(train_iter, i + 1)
-    cpu_before = benchmark._cpu_seconds()
-    times, real_tokens, slot_tokens = [], 0, 0
-    start = time.perf_counter()
-    for i in tqdm(range(batches), desc="loading alone", unit="batch", leave=False, disable=None):
-      t = time.perf_counter()
-      batch = jax.block_until_ready(_next(train_iter, warmup + 1 + i))
-      times.append(time.perf_counter() - t)
-      for shard in batch["targets_segmentation"].addressable_shards:  # this host's rows
-        real_tokens += int(np.count_nonzero(shard.data))
-        slot_tokens += shard.data.size
-    elapsed = time.perf_counter() - start
-    cpu_seconds = benchmark._cpu_seconds(cpu_before)
-  finally:
-    for iterator in (train_iter, eval_iter):
-      _close(iterator)
-  return bench_report.loading_summary(
-    times, first_batch_s, elapsed, real_tokens, slot_tokens, cpu_seconds, workers
+
+  def create_iterators():
+    try:
+      return input_pipeline_interface.create_data_iterator(cfg, mesh)
+    except Exception as e:
+      message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise ConfigError(
+        f"MaxText cannot build its {_dataset_type(cfg)} pipeline: {message}"
+      ) from None
+
+  return loading.time_loading(
+    create_iterators,
+    _close,
+    batches=batches,
+    warmup=workers * int(getattr(cfg, "grain_per_worker_buffer_size", 1)) + 1,
+    workers=workers,
+    tokens_key="targets_segmentation",
+    ran_out_hint=": use fewer --batches, more data or num_epoch > 1",
   )
 
 
@@ -232,7 +214,7 @@ class _Trainer:
     argv += ["--hook", self.hook] if self.hook else []
     argv += [self.path, *self.overrides, *extra]
     argv += [
-      f"steps={self.steps + benchmark.WARMUP_STEPS}",
+      f"steps={self.steps + WARMUP_STEPS}",
       f"base_output_directory={self.out}",
       f"run_name={name}",
       f"metrics_file={metrics_file}",
@@ -261,13 +243,13 @@ class _Trainer:
             "data_wait_s": float(m.get("perf/data_wait_seconds", 0.0)),
           }
         )
-    if len(records) <= benchmark.WARMUP_STEPS:
+    if len(records) <= WARMUP_STEPS:
       raise ConfigError(f"{metrics_file}: {len(records)} steps logged (the data ended?)")
-    return bench_report.training_summary(records, benchmark.WARMUP_STEPS)
+    return bench_report.training_summary(records, WARMUP_STEPS)
 
 
-def _next_knob(cfg, loading: dict, recommendation: dict | None) -> str:
-  knob = bench_report.next_knob(loading, benchmark._cpu_cores(), recommendation, None)
+def _next_knob(cfg, loading_alone: dict, recommendation: dict | None) -> str:
+  knob = bench_report.next_knob(loading_alone, loading.cpu_cores(), recommendation, None)
   kind = _dataset_type(cfg)
   online = kind in ("grain", "hf", "tfds") and getattr(cfg, "tokenize_train_data", False)
   if online and "grain_worker_count" not in knob:
@@ -280,24 +262,12 @@ def _dataset_type(cfg) -> str:
   return str(getattr(cfg.dataset_type, "value", cfg.dataset_type))
 
 
-def _next(iterator, index: int):
-  try:
-    return next(iterator)
-  except StopIteration:
-    raise ConfigError(
-      f"the training data ran out after {index} batches: use fewer --batches, more data or"
-      " num_epoch > 1"
-    ) from None
-
-
 def _close(iterator) -> None:
   """Stops an iterator's Grain workers and frees their shared memory.
 
   MaxText's own `close()` trips over Grain's iterator (an assertion in `_parent`), so the
   Grain iterator is closed here and detached before MaxText's `__del__` looks at it.
   """
-  if iterator is None:
-    return
   local = getattr(iterator, "local_iterator", None)
   if local is not None and hasattr(local, "close"):
     local.close()
@@ -307,7 +277,3 @@ def _close(iterator) -> None:
       iterator.close()
     except Exception:  # MaxText's clean-up of an already closed iterator
       pass
-
-
-def _progress(message: str) -> None:
-  print(f"[bench] {message}", flush=True)
