@@ -16,14 +16,28 @@ import numpy as np
 
 from maxtext_netdata.errors import DataError
 from maxtext_netdata.kernels import kernel_cache
+from maxtext_netdata.kernels.ascii import (
+  BACKSLASH,
+  CARRIAGE_RETURN,
+  COMMA,
+  LEFT_BRACE,
+  LEFT_BRACKET,
+  NEWLINE,
+  QUOTE,
+  RIGHT_BRACE,
+  RIGHT_BRACKET,
+  SPACE,
+  TAB,
+)
 
 kernel_cache.install()  # before the kernel: its cache keyed on the imports' text too
 
 _MALFORMED = -2  # `_split`'s close position for a closing brace or bracket with nothing open
 _IN_STRING = np.ones(256, np.bool_)  # bytes that neither end a string nor need a change there
-_IN_STRING[[10, 13, 34, 92]] = False
+_IN_STRING[[NEWLINE, CARRIAGE_RETURN, QUOTE, BACKSLASH]] = False
 _PLAIN = np.ones(256, np.bool_)  # bytes outside strings that change no state but "after an object"
-_PLAIN[[9, 10, 13, 32, 34, 44, 91, 93, 123, 125]] = False
+_PLAIN[[TAB, NEWLINE, CARRIAGE_RETURN, SPACE, QUOTE, COMMA]] = False
+_PLAIN[[LEFT_BRACKET, RIGHT_BRACKET, LEFT_BRACE, RIGHT_BRACE]] = False
 
 
 @numba.njit(cache=True, nogil=True)
@@ -44,38 +58,38 @@ def _split(buf, out):
       after_object = False
       i += 1
       continue
-    if c == 34:
+    if c == QUOTE:
       i += 1
       while i < n:
         c = buf[i]
         if _IN_STRING[c]:  # the bulk of a string: one test a byte
           i += 1
           continue
-        if c == 34:
+        if c == QUOTE:
           break
-        if c == 92 and i + 1 < n:  # an escape: its next byte is never the string's end
+        if c == BACKSLASH and i + 1 < n:  # an escape: its next byte is never the string's end
           i += 1
           c = buf[i]
-        if c == 10 or c == 13:  # raw, invalid in a string: a space, as between tokens
-          out[i] = 32
+        if c == NEWLINE or c == CARRIAGE_RETURN:  # raw, invalid in a string: a space
+          out[i] = SPACE
         i += 1
       after_object = False
       i += 1
       continue
-    if c == 10 or c == 13:  # a line break between tokens
-      out[i] = 32
-    elif c == 32 or c == 9:
+    if c == NEWLINE or c == CARRIAGE_RETURN:  # a line break between tokens
+      out[i] = SPACE
+    elif c == SPACE or c == TAB:
       pass
-    elif c == 123 or c == 91:
+    elif c == LEFT_BRACE or c == LEFT_BRACKET:
       depth += 1
       after_object = False
-    elif c == 125 or c == 93:
+    elif c == RIGHT_BRACE or c == RIGHT_BRACKET:
       if depth == 0:
-        return cut, (i if c == 93 else _MALFORMED)
+        return cut, (i if c == RIGHT_BRACKET else _MALFORMED)
       depth -= 1
-      after_object = depth == 0 and c == 125
-    elif c == 44 and depth == 0 and after_object:
-      out[i] = 10
+      after_object = depth == 0 and c == RIGHT_BRACE
+    elif c == COMMA and depth == 0 and after_object:
+      out[i] = NEWLINE
       cut = i
       after_object = False
     else:
@@ -128,6 +142,6 @@ class ArrayToLines:
     else:
       self.carry = buf
       return b""
-    out[end] = 10  # the closing bracket or the last comma: the block's last newline
+    out[end] = NEWLINE  # the closing bracket or the last comma: the block's last newline
     del out[end + 1 :]
     return out

@@ -41,6 +41,7 @@ from maxtext_netdata.data.ripe.scanner.kernel import (
   VER,
   scan_block,
 )
+from maxtext_netdata.kernels.ascii import NEWLINE
 
 __all__ = ["BLANK", "HANDED", "OTHER", "PING", "load", "rows_of_block", "scan"]
 _MAX_RUNS = 8
@@ -50,7 +51,7 @@ _TIME = reference.ROW_SCHEMA.field("event_time").type
 def _newline_ended(data):
   """`data`, with a newline added if it has none at its end (the scanner's contract: only a
   file's last block may lack one, so the copy is rare)."""
-  if len(data) and memoryview(data)[-1] == 10:
+  if len(data) and memoryview(data)[-1] == NEWLINE:
     return data
   return bytes(data) + b"\n"
 
@@ -153,7 +154,7 @@ def rows_of_block(
   data = block.data
   if len(data) >= 2**31:  # `_table`'s int32 offsets: a block of lines over 2 GiB goes whole
     return reference.rows_of_block(block, path, counts, skip_bad)
-  lines = block.newlines + (len(data) == 0 or memoryview(data)[-1] != 10)
+  lines = block.newlines + (len(data) == 0 or memoryview(data)[-1] != NEWLINE)
   data = _newline_ended(data)
   buf = _bytes_of(data)
   scanned = scan_block(buf, lines)

@@ -26,16 +26,55 @@ from numba import types
 from numba.extending import intrinsic
 
 from maxtext_netdata.kernels import kernel_cache
+from maxtext_netdata.kernels.ascii import (
+  BACKSLASH,
+  CARRIAGE_RETURN,
+  CASE_BIT,
+  COLON,
+  COMMA,
+  DIGIT_0,
+  DIGIT_1,
+  DIGIT_9,
+  DOT,
+  LEFT_BRACE,
+  LEFT_BRACKET,
+  LOWER_A,
+  LOWER_B,
+  LOWER_E,
+  LOWER_F,
+  LOWER_N,
+  LOWER_R,
+  LOWER_T,
+  LOWER_U,
+  MINUS,
+  NEWLINE,
+  NON_ASCII,
+  PLUS,
+  QUOTE,
+  RIGHT_BRACE,
+  RIGHT_BRACKET,
+  SLASH,
+  SPACE,
+  TAB,
+  UPPER_A,
+  UPPER_E,
+  UPPER_F,
+)
 
 kernel_cache.install()  # before `object_lines`, the one cached kernel here
 
 MAX_DEPTH = 64  # nesting `skip` follows; deeper values are refused
 
-# Bytes in a string: 0 plain, 1 the closing quote, 2 an escape, 3 one the scanner refuses
-# (a raw control character, which JSON forbids, or non-ASCII, left to the reference).
-_STRING_CLASS = np.zeros(256, np.uint8)
-_STRING_CLASS[:32] = _STRING_CLASS[128:] = 3
-_STRING_CLASS[34], _STRING_CLASS[92] = 1, 2
+# What a byte in a string is: plain text, the closing quote, an escape's start, or one the
+# scanner refuses (a raw control character, which JSON forbids, or non-ASCII, left to the
+# reference).
+_PLAIN, _CLOSING_QUOTE, _ESCAPE, _REFUSED = range(4)
+_STRING_CLASS = np.full(256, _PLAIN, np.uint8)
+_STRING_CLASS[:SPACE] = _STRING_CLASS[NON_ASCII:] = _REFUSED
+_STRING_CLASS[QUOTE], _STRING_CLASS[BACKSLASH] = _CLOSING_QUOTE, _ESCAPE
+# A closing brace or bracket is its opening byte + 2: `skip` keeps only the opening ones.
+_TO_CLOSING = RIGHT_BRACE - LEFT_BRACE
+assert _TO_CLOSING == RIGHT_BRACKET - LEFT_BRACKET
 _TRUE, _FALSE, NULL = (np.frombuffer(w, np.uint8) for w in (b"true", b"false", b"null"))
 
 # The helpers are compiled without numba's reference counting (`_nrt=False`): they allocate
@@ -105,7 +144,7 @@ def copy(src, start, length, dst, at):
 @inline
 def space(buf, i, n):
   c = _byte(buf, i)
-  while c == 32 or c == 9 or c == 13:
+  while c == SPACE or c == TAB or c == CARRIAGE_RETURN:
     i += 1
     c = _byte(buf, i)
   return i
@@ -113,7 +152,7 @@ def space(buf, i, n):
 
 @inline
 def _hex(c):
-  return (48 <= c <= 57) or (65 <= c <= 70) or (97 <= c <= 102)
+  return (DIGIT_0 <= c <= DIGIT_9) or (UPPER_A <= c <= UPPER_F) or (LOWER_A <= c <= LOWER_F)
 
 
 @inline
@@ -123,11 +162,11 @@ def string(buf, i, n):
   escaped = False
   while True:
     c = _STRING_CLASS[_byte(buf, i)]
-    if c == 0:
+    if c == _PLAIN:
       i += 1
-    elif c == 1:
+    elif c == _CLOSING_QUOTE:
       return i + 1, escaped
-    elif c == 2:
+    elif c == _ESCAPE:
       escaped = True
       i = _escape(buf, i, n)
       if i < 0:
@@ -142,7 +181,7 @@ def _escape(buf, i, n):
   if i + 1 >= n:
     return -1
   d = buf[i + 1]
-  if d == 117:  # \uXXXX
+  if d == LOWER_U:  # \uXXXX
     if i + 6 > n:
       return -1
     v = 0
@@ -150,36 +189,38 @@ def _escape(buf, i, n):
       h = buf[j]
       if not _hex(h):
         return -1
-      v = v * 16 + (h - 48 if h <= 57 else (h | 32) - 87)
+      v = v * 16 + (h - DIGIT_0 if h <= DIGIT_9 else (h | CASE_BIT) - LOWER_A + 10)
     if v == 0 or 0xD800 <= v <= 0xDFFF:
       return -1
     return i + 6
-  if d == 34 or d == 92 or d == 47 or d == 98 or d == 102 or d == 110 or d == 114 or d == 116:
+  if d == QUOTE or d == BACKSLASH or d == SLASH:  # \" \\ \/
+    return i + 2
+  if d == LOWER_B or d == LOWER_F or d == LOWER_N or d == LOWER_R or d == LOWER_T:  # \b \f \n \r \t
     return i + 2
   return -1
 
 
 @inline
 def _digit(c):
-  return 48 <= c <= 57
+  return DIGIT_0 <= c <= DIGIT_9
 
 
 @inline
 def number(buf, i, n):
   """(end of a JSON number at `i`, or -1; whether it is an integer; exponent digits)."""
-  if _byte(buf, i) == 45:
+  if _byte(buf, i) == MINUS:
     i += 1
   c = _byte(buf, i)
-  if c == 48:
+  if c == DIGIT_0:
     i += 1
-  elif 49 <= c <= 57:
+  elif DIGIT_1 <= c <= DIGIT_9:
     i += 1
     while _digit(_byte(buf, i)):
       i += 1
   else:
     return -1, False, 0
   integer, exponent = True, 0
-  if _byte(buf, i) == 46:
+  if _byte(buf, i) == DOT:
     i += 1
     integer = False
     if not _digit(_byte(buf, i)):
@@ -188,11 +229,11 @@ def number(buf, i, n):
     while _digit(_byte(buf, i)):
       i += 1
   c = _byte(buf, i)
-  if c == 101 or c == 69:
+  if c == LOWER_E or c == UPPER_E:
     i += 1
     integer = False
     c = _byte(buf, i)
-    if c == 43 or c == 45:
+    if c == PLUS or c == MINUS:
       i += 1
     start = i
     while _digit(_byte(buf, i)):
@@ -215,15 +256,15 @@ def literal(buf, i, n, word):
 def scalar(buf, i, n):
   """End of a string, number or literal at `i`, or -1."""
   c = _byte(buf, i)
-  if c == 34:
+  if c == QUOTE:
     return string(buf, i, n)[0]
-  if c == 45 or 48 <= c <= 57:
+  if c == MINUS or DIGIT_0 <= c <= DIGIT_9:
     return number(buf, i, n)[0]
-  if c == 116:
+  if c == LOWER_T:
     return literal(buf, i, n, _TRUE)
-  if c == 102:
+  if c == LOWER_F:
     return literal(buf, i, n, _FALSE)
-  if c == 110:
+  if c == LOWER_N:
     return literal(buf, i, n, NULL)
   return -1
 
@@ -231,13 +272,13 @@ def scalar(buf, i, n):
 @inline
 def key(buf, i, n):
   """(end after `"key":` and the space after it, or -1; key start; key length)."""
-  if _byte(buf, i) != 34:
+  if _byte(buf, i) != QUOTE:
     return -1, 0, 0
   end, escaped = string(buf, i, n)
   if end < 0 or escaped:
     return -1, 0, 0
   j = space(buf, end, n)
-  if _byte(buf, j) != 58:
+  if _byte(buf, j) != COLON:
     return -1, 0, 0
   return space(buf, j + 1, n), i + 1, end - i - 2
 
@@ -248,7 +289,7 @@ def after_value(buf, i, n, close):
   (the position past `close`, False) after that closing byte, (-1, False) otherwise."""
   i = space(buf, i, n)
   c = _byte(buf, i)
-  if c == 44:
+  if c == COMMA:
     return space(buf, i + 1, n), True
   if c == close:
     return i + 1, False
@@ -263,16 +304,16 @@ def skip(buf, i, n, stack):
     if i >= n:
       return -1
     c = buf[i]
-    if c == 123 or c == 91:
+    if c == LEFT_BRACE or c == LEFT_BRACKET:
       j = space(buf, i + 1, n)
-      if j < n and buf[j] == c + 2:  # {} or []
+      if j < n and buf[j] == c + _TO_CLOSING:  # {} or []
         i = j + 1
       else:
         if depth == MAX_DEPTH:
           return -1
         stack[depth] = c
         depth += 1
-        if c == 123:
+        if c == LEFT_BRACE:
           j = key(buf, j, n)[0]
           if j < 0:
             return -1
@@ -289,14 +330,14 @@ def skip(buf, i, n, stack):
       if i >= n:
         return -1
       c = buf[i]
-      if c == 44:
+      if c == COMMA:
         i = space(buf, i + 1, n)
-        if stack[depth - 1] == 123:
+        if stack[depth - 1] == LEFT_BRACE:
           i = key(buf, i, n)[0]
           if i < 0:
             return -1
         break
-      if c == stack[depth - 1] + 2:
+      if c == stack[depth - 1] + _TO_CLOSING:
         depth -= 1
         i += 1
       else:
@@ -307,7 +348,7 @@ def skip(buf, i, n, stack):
 def value(buf, i, n, stack):
   """`skip`, with scalars read inline: a call passing arrays costs more than a short value."""
   c = _byte(buf, i)
-  if c == 123 or c == 91:
+  if c == LEFT_BRACE or c == LEFT_BRACKET:
     return skip(buf, i, n, stack)
   return scalar(buf, i, n)
 
@@ -319,13 +360,13 @@ def integer(buf, i, n):
   if end < 0 or not integer:
     return -1, 0
   j, sign = i, 1
-  if buf[j] == 45:
+  if buf[j] == MINUS:
     j, sign = j + 1, -1
   if end - j > 18:
     return -1, 0
   value = 0
   for k in range(j, end):
-    value = value * 10 + (buf[k] - 48)
+    value = value * 10 + (buf[k] - DIGIT_0)
   return end, sign * value
 
 
@@ -341,18 +382,18 @@ def object_lines(buf):
   n = len(buf)
   lines = 0
   for i in range(n):
-    lines += buf[i] == 10
+    lines += buf[i] == NEWLINE
   strict = np.ones(lines, np.bool_)
   stack = np.empty(MAX_DEPTH, np.uint8)
   p = 0
   for line in range(lines):
     i = space(buf, p, n)
-    if _byte(buf, i) != 10:
-      i = skip(buf, i, n, stack) if _byte(buf, i) == 123 else -1
+    if _byte(buf, i) != NEWLINE:
+      i = skip(buf, i, n, stack) if _byte(buf, i) == LEFT_BRACE else -1
       if i >= 0:
         i = space(buf, i, n)
-      strict[line] = i >= 0 and _byte(buf, i) == 10
-    while _byte(buf, p) != 10:  # the next line (`skip` may stop anywhere in a bad one)
+      strict[line] = i >= 0 and _byte(buf, i) == NEWLINE
+    while _byte(buf, p) != NEWLINE:  # the next line (`skip` may stop anywhere in a bad one)
       p += 1
     p += 1
   return strict

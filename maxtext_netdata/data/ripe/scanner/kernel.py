@@ -31,6 +31,23 @@ import numpy as np
 
 from maxtext_netdata.data.ripe.scanner import json_scan as js
 from maxtext_netdata.kernels import kernel_cache
+from maxtext_netdata.kernels.ascii import (
+  COLON,
+  COMMA,
+  DIGIT_0,
+  DIGIT_9,
+  DOT,
+  LEFT_BRACE,
+  LEFT_BRACKET,
+  LOWER_N,
+  MINUS,
+  NEWLINE,
+  NON_ASCII,
+  PLUS,
+  QUOTE,
+  RIGHT_BRACE,
+  RIGHT_BRACKET,
+)
 
 kernel_cache.install()  # the cache keyed on json_scan's text too
 
@@ -53,7 +70,8 @@ _TOP = (
 )
 _TYPE, _MSM, _PRB, _TS, _AF, _FROM, _SRC, _DST, _ADDR, _RESULT, _AVG, _RCVD = range(len(_TOP))
 _KEY_BYTES = np.zeros((len(_TOP), 16), np.uint8)
-_SLOTS = np.full((16, 128), -1, np.int64)  # by length and first byte: unique for these keys
+# By length and first byte (ASCII: `js.string` refuses any other), unique for these keys.
+_SLOTS = np.full((16, NON_ASCII), -1, np.int64)
 for _k, _name in enumerate(_TOP):
   _KEY_BYTES[_k, : len(_name)] = np.frombuffer(_name.encode(), np.uint8)
   _SLOTS[len(_name), ord(_name[0])] = _k
@@ -73,6 +91,8 @@ PRB_OK, SRC_OK, DST_OK = range(3)
 SRC, DST = range(2)
 # Powers of ten exact in float64: `_decimal`'s fast path.
 _POWERS = np.array([10.0**k for k in range(23)])
+# Texts matched whole: a packet's keys, the `type` of a ping result.
+_RTT, _DUP, _PING = (np.frombuffer(word, np.uint8) for word in (b"rtt", b"dup", b"ping"))
 
 
 @js.inline
@@ -89,14 +109,20 @@ def _which(buf, start, length):
   return k
 
 
+@js.inline
+def _spells(buf, start, length, word):
+  """Whether the `length` bytes at `start` are `word` (uint8 codes; any length may come)."""
+  return length == len(word) and js.literal(buf, start, len(buf), word) >= 0
+
+
 @js.helper
 def _version(buf, start, length):
   """6 for text with a colon, 4 for text with a dot, else 0 (ripe_json._version_of)."""
   dot = False
   for j in range(start, start + max(length, 0)):
-    if buf[j] == 58:
+    if buf[j] == COLON:
       return 6
-    if buf[j] == 46:
+    if buf[j] == DOT:
       dot = True
   return 4 if dot else 0
 
@@ -109,35 +135,35 @@ _TWO_53 = 1 << 53
 def _decimal(buf, i, end):
   """The float64 of the JSON number text `buf[i:end]`, correctly rounded, or NaN.
 
-  Clinger's fast path: a decimal of at most 18 significant digits whose integer mantissa is below 2**53,
-  scaled by at most 10**22, is one exact IEEE multiplication or division of two exact
-  operands, so it is correctly rounded (as Arrow's and DuckDB's parsers round). NaN for any
-  other text: the caller converts it with Arrow.
+  Clinger's fast path: a decimal of at most 18 significant digits whose integer mantissa is
+  below 2**53, scaled by at most 10**22, is one exact IEEE multiplication or division of two
+  exact operands, so it is correctly rounded (as Arrow's and DuckDB's parsers round). NaN for
+  any other text: the caller converts it with Arrow.
   """
-  negative = buf[i] == 45
+  negative = buf[i] == MINUS
   if negative:
     i += 1
   mantissa, digits, scale = 0, 0, 0
-  while i < end and 48 <= buf[i] <= 57:
-    digits += digits > 0 or buf[i] > 48  # significant digits: not the leading zeros
-    mantissa = mantissa * 10 + (buf[i] - 48)
+  while i < end and DIGIT_0 <= buf[i] <= DIGIT_9:
+    digits += digits > 0 or buf[i] > DIGIT_0  # significant digits: not the leading zeros
+    mantissa = mantissa * 10 + (buf[i] - DIGIT_0)
     i += 1
-  if i < end and buf[i] == 46:
+  if i < end and buf[i] == DOT:
     i += 1
-    while i < end and 48 <= buf[i] <= 57:
-      digits += digits > 0 or buf[i] > 48
-      mantissa = mantissa * 10 + (buf[i] - 48)
+    while i < end and DIGIT_0 <= buf[i] <= DIGIT_9:
+      digits += digits > 0 or buf[i] > DIGIT_0
+      mantissa = mantissa * 10 + (buf[i] - DIGIT_0)
       scale -= 1
       i += 1
   if i < end:  # an exponent: `_packets` took at most two digits
     i += 1
     sign = 1
-    if buf[i] == 45 or buf[i] == 43:
-      sign = 44 - buf[i]
+    if buf[i] == MINUS or buf[i] == PLUS:
+      sign = COMMA - buf[i]  # '+' and '-' sit either side of ',': 1 and -1
       i += 1
     exponent = 0
     while i < end:
-      exponent = exponent * 10 + (buf[i] - 48)
+      exponent = exponent * 10 + (buf[i] - DIGIT_0)
       i += 1
     scale += sign * exponent
   if mantissa == 0 and not negative:
@@ -158,36 +184,36 @@ def _packets(buf, i, n, rtt, rtt_text, m, stack):
   """
   dups = 0
   i = js.space(buf, i + 1, n)
-  if i < n and buf[i] == 93:
+  if i < n and buf[i] == RIGHT_BRACKET:
     return i + 1, m, 0
   while True:
-    if i >= n or buf[i] != 123:
+    if i >= n or buf[i] != LEFT_BRACE:
       return -1, m, 0
     rtt_s, rtt_l, dup, seen = 0, -1, False, 0
     i = js.space(buf, i + 1, n)
-    if i < n and buf[i] == 125:
+    if i < n and buf[i] == RIGHT_BRACE:
       i += 1
     else:
       while True:
         i, start, length = js.key(buf, i, n)
         if i < 0:
           return -1, m, 0
-        if length == 3 and buf[start] == 114 and buf[start + 1] == 116 and buf[start + 2] == 116:
+        if _spells(buf, start, length, _RTT):
           if seen & 1:
             return -1, m, 0
           seen |= 1
-          if buf[i] == 110:
+          if buf[i] == LOWER_N:
             i = js.literal(buf, i, n, js.NULL)
           else:
             end, _, exponent = js.number(buf, i, n)
             if end < 0 or exponent > 2 or end - i > _MAX_NUMBER:
               return -1, m, 0
             rtt_s, rtt_l, i = i, end - i, end
-        elif length == 3 and buf[start] == 100 and buf[start + 1] == 117 and buf[start + 2] == 112:
+        elif _spells(buf, start, length, _DUP):
           if seen & 2:
             return -1, m, 0
           seen |= 2
-          if buf[i] == 110:
+          if buf[i] == LOWER_N:
             i = js.literal(buf, i, n, js.NULL)
           else:
             i = js.integer(buf, i, n)[0]
@@ -196,7 +222,7 @@ def _packets(buf, i, n, rtt, rtt_text, m, stack):
           i = js.value(buf, i, n, stack)
         if i < 0:
           return -1, m, 0
-        i, more = js.after_value(buf, i, n, 125)
+        i, more = js.after_value(buf, i, n, RIGHT_BRACE)
         if i < 0:
           return -1, m, 0
         if not more:
@@ -211,7 +237,7 @@ def _packets(buf, i, n, rtt, rtt_text, m, stack):
         rtt_text[0, m], rtt_text[1, m] = rtt_s, rtt_l
       rtt[m] = value
       m += 1
-    i, more = js.after_value(buf, i, n, 93)
+    i, more = js.after_value(buf, i, n, RIGHT_BRACKET)
     if i < 0:
       return -1, m, 0
     if not more:
@@ -233,13 +259,13 @@ def _line(buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, of
   if p >= n:
     return BLANK, m, 0, p
   i = js.space(buf, p, n)
-  if buf[i] == 10:
+  if buf[i] == NEWLINE:
     return BLANK, m, 0, i
-  if buf[i] != 123:
+  if buf[i] != LEFT_BRACE:
     return HANDED, m, 0, p
   odd, seen, dups, has_list = False, 0, 0, False
   i = js.space(buf, i + 1, n)
-  if i < n and buf[i] == 125:
+  if i < n and buf[i] == RIGHT_BRACE:
     i += 1
   else:
     while True:
@@ -254,10 +280,12 @@ def _line(buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, of
           break
         seen |= 1 << k
         c = buf[i]
-        if c == 110:  # null: the field is absent
+        if c == LOWER_N:  # null: the field is absent
           i = js.literal(buf, i, n, js.NULL)
         elif k == _RESULT:
-          i, m2, d = _packets(buf, i, n, rtt, rtt_text, m, stack) if c == 91 else (-1, m, 0)
+          i, m2, d = (
+            _packets(buf, i, n, rtt, rtt_text, m, stack) if c == LEFT_BRACKET else (-1, m, 0)
+          )
           if i == _FULL:
             return _FULL, first, 0, p
           if i >= 0:
@@ -270,13 +298,13 @@ def _line(buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, of
             fields[k] = number
             spans[k, 1] = 0
         if k == _TYPE or _FROM <= k <= _ADDR:
-          if c == 34:
+          if c == QUOTE:
             i, escaped = js.string(buf, i, n)
             if escaped:
               i = -1
             spans[k, 0] = value + 1
             spans[k, 1] = i - value - 2
-          elif c != 110:
+          elif c != LOWER_N:
             i = -1
         if i < 0:  # a value the scanner does not take: skipped, the line handed over
           odd = True
@@ -286,19 +314,17 @@ def _line(buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, of
         i = js.value(buf, i, n, stack)
       if i < 0:
         break
-      i, more = js.after_value(buf, i, n, 125)
+      i, more = js.after_value(buf, i, n, RIGHT_BRACE)
       if not more:
         break
   if i >= 0:
     i = js.space(buf, i, n)
-    if i < n and buf[i] != 10:
+    if i < n and buf[i] != NEWLINE:
       i = -1
   if i < 0:
     return HANDED, first, 0, p
   t_start, t_length = spans[_TYPE, 0], spans[_TYPE, 1]
-  ping = t_length == 4 and buf[t_start] == 112 and buf[t_start + 1] == 105
-  ping = ping and buf[t_start + 2] == 110 and buf[t_start + 3] == 103
-  if t_length >= 0 and not ping:
+  if t_length >= 0 and not _spells(buf, t_start, t_length, _PING):
     return OTHER, first, 0, i
   if odd or not has_list or spans[_MSM, 1] < 0 or spans[_TS, 1] < 0:
     return HANDED, first, 0, i
@@ -356,7 +382,7 @@ def _lines(buf, line, p, lines, m, kinds, starts, first_rows, stack, fields, spa
       return line, p, m, dups
     kinds[line] = kind
     dups += d
-    while p < n and buf[p] != 10:  # the next line (`_line` may stop anywhere in a bad one)
+    while p < n and buf[p] != NEWLINE:  # the next line (`_line` may stop anywhere in a bad one)
       p += 1
     p, line = p + 1, line + 1
   return line, p, m, dups
@@ -372,7 +398,7 @@ def scan_block(buf, lines):
   described at `MSM` (offsets m + 1).
   """
   n = len(buf)
-  if n == 0 or buf[n - 1] != 10:
+  if n == 0 or buf[n - 1] != NEWLINE:
     raise ValueError("scan_block: the block must end with a newline")
   kinds = np.zeros(lines, np.int8)
   starts = np.empty(lines + 1, np.int64)
