@@ -11,3 +11,23 @@ class DataError(ValueError):
 
 class UserError(Exception):
   """A bad request on the command line (an option out of range, a missing input)."""
+
+
+class WritesTo:
+  """`with WritesTo(path):` a block writing `path`, a file or a folder.
+
+  A failed `write()`, `fallocate()` or Arrow file write raises OSError with the cause
+  (errno) but no file name; leaving this block, such an error gets `path` as its file name,
+  so that the CLI's one-line report can say what could not be written.
+  """
+
+  def __init__(self, path):
+    self.path = str(path)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, exc_type, exc, traceback) -> bool:
+    if isinstance(exc, OSError) and exc.filename is None:
+      exc.filename = self.path
+    return False

@@ -4,21 +4,29 @@ The top of the house: it may import every room, and no room imports it.
 
 Each subcommand lives in its own module, which offers `add_arguments(parser)` and
 `run(args) -> int`; modules are imported only when their subcommand runs, so `--help` and
-light commands start fast. Expected failures (bad data, bad config) print one line naming
-the cause and exit with status 2. Ctrl-C exits with 130 and SIGTERM with 143, both after the
+light commands start fast. Expected failures (bad data, bad config, an output that cannot
+be written: a full disk, no permission, a read-only filesystem) print one line naming the
+cause and exit with status 2. Ctrl-C exits with 130 and SIGTERM with 143, both after the
 command's own clean-up has run (worker processes closed, temporary files removed).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import signal
 import sys
 
 from maxtext_netdata.cli import signals
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.errors import DataError, UserError
+
+# Causes of a failed write, reported as one line: a full disk or quota, a file over the size
+# limit (RLIMIT_FSIZE), a read-only filesystem, no permission. Any other OSError is a fault
+# to be shown with its traceback.
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES})
 
 # name → (module, one-line help)
 COMMANDS = {
@@ -54,6 +62,21 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
   return parser
 
 
+def _write_failure_line(error: OSError) -> str:
+  """`cannot write PATH: no space left on device (ENOSPC)`, then the error's notes after `; `.
+
+  PATH is the error's file name (a writer names its file or folder where the OS does not:
+  `errors.WritesTo`). Permission denied may come from reading as well as writing: that one
+  says `cannot access`.
+  """
+  cause = os.strerror(error.errno)
+  line = "cannot access" if error.errno == errno.EACCES else "cannot write"
+  if error.filename is not None:
+    line += f" {error.filename}"
+  line += f": {cause[:1].lower()}{cause[1:]} ({errno.errorcode[error.errno]})"
+  return "; ".join([line, *getattr(error, "__notes__", [])])
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   # Options after `--` belong to another program (`prepare --runner beam -- --runner=...`).
@@ -83,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
       return int(module.run(args) or 0)
   except (DataError, ConfigError, UserError) as e:
     print(f"maxtext-netdata {args.command}: error: {e}", file=sys.stderr)
+    return 2
+  except OSError as e:
+    if e.errno not in _WRITE_ERRNOS:
+      raise
+    print(f"maxtext-netdata {args.command}: error: {_write_failure_line(e)}", file=sys.stderr)
     return 2
   except signals.Terminated:
     print(f"maxtext-netdata {args.command}: terminated (SIGTERM)", file=sys.stderr)

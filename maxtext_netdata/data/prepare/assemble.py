@@ -183,7 +183,7 @@ class _Writer:
       header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False}
       np.lib.format.write_array_header_1_0(f, {**header, "shape": (rows, *tail)})
       self.starts[name] = f.tell()
-      f.truncate(f.tell() + rows * np.dtype(dtype).itemsize * int(np.prod(tail, dtype=np.int64)))
+      store.reserve(f, rows * np.dtype(dtype).itemsize * int(np.prod(tail, dtype=np.int64)))
       self.files[name] = f
     self.sizes, self.src, self.version = [], [], []
     self.failed = 0

@@ -12,7 +12,8 @@ written to a temporary parquet file; the runs are then merged (an external sort)
 `shards` files, file k holding the k-th time range, like `generate`'s and real dumps. A
 single run is sorted in memory and written directly. Shards are written under temporary
 names and renamed; the `.complete` marker (JSON: counts and files) comes last, and files of
-an earlier run in the folder are replaced.
+an earlier run in the folder are replaced. A run that fails (bad input, a full disk) removes
+the shards it wrote; a failed write raises OSError naming the file (`errors.WritesTo`).
 
 Inputs are read block by block by `data.ripe.blocks`.
 """
@@ -44,8 +45,9 @@ from maxtext_netdata.data.raw.layout import (
   clear_outputs,
 )
 from maxtext_netdata.data.ripe import reference
+from maxtext_netdata.data.ripe import scan as ripe_scan
 from maxtext_netdata.data.ripe.blocks import iter_blocks
-from maxtext_netdata.errors import DataError, UserError
+from maxtext_netdata.errors import DataError, UserError, WritesTo
 
 BLOCK_BYTES = 16 << 20
 RUN_ROWS = 2_000_000  # rows sorted in memory at once (~80 bytes a row, twice while sorting)
@@ -107,11 +109,13 @@ class _ShardWriter:
           write_page_checksum=True,
         )
       room = self.ends[len(self.paths) - 1] - self.written
-      self.writer.write_table(table.slice(0, room), row_group_size=ROW_GROUP_SIZE)
+      with WritesTo(self.paths[-1]):
+        self.writer.write_table(table.slice(0, room), row_group_size=ROW_GROUP_SIZE)
       self.written += min(room, table.num_rows)
       table = table.slice(room)
       if self.written == self.ends[len(self.paths) - 1]:
-        self.writer.close()
+        with WritesTo(self.paths[-1]):
+          self.writer.close()
         os.replace(self.tmp, self.paths[-1])
         self.writer, self.tmp = None, None
 
@@ -121,8 +125,10 @@ class _ShardWriter:
     return self.paths
 
   def abort(self) -> None:
+    """Closes and removes the file being written (closing may fail again on a full disk)."""
     if self.writer is not None:
-      self.writer.close()
+      with contextlib.suppress(OSError):
+        self.writer.close()
     if self.tmp and os.path.exists(self.tmp):
       os.remove(self.tmp)
 
@@ -142,14 +148,15 @@ def _sorted(table: pa.Table) -> pa.Table:
 def _write_run(tables: list[pa.Table], runs_dir: str, index: int) -> str:
   path = os.path.join(runs_dir, f"run-{index:05d}.parquet")
   table = _sorted(pa.concat_tables(tables))
-  pq.write_table(
-    table,
-    path,
-    row_group_size=_MERGE_BATCH,
-    compression="lz4",
-    use_dictionary=_DICTIONARY,
-    write_statistics=False,
-  )
+  with WritesTo(path):
+    pq.write_table(
+      table,
+      path,
+      row_group_size=_MERGE_BATCH,
+      compression="lz4",
+      use_dictionary=_DICTIONARY,
+      write_statistics=False,
+    )
   return path
 
 
@@ -194,7 +201,7 @@ def _mapped_blocks(entries, options, block_bytes, bar, counts, skip_bad, readers
 
   def mapped(block, uri):
     block_counts = reference.Counts()
-    rows_of_block = scan.rows_of_block if scan else reference.rows_of_block
+    rows_of_block = ripe_scan.rows_of_block if scan else reference.rows_of_block
     return rows_of_block(block, uri, block_counts, skip_bad), block_counts
 
   def done(future) -> pa.Table:
@@ -238,7 +245,7 @@ def ingest(
   """
   started = time.perf_counter()
   if scan:
-    scan.load()
+    ripe_scan.load()
   options = storage_options()
   entries = remote.expand_all(inputs, options)
   os.makedirs(out_dir, exist_ok=True)
@@ -279,24 +286,40 @@ def ingest(
         writer.write(piece)
     paths = writer.close()
     writer = None
-  finally:
-    bar.close()
-    if writer is not None:
-      writer.abort()
-    shutil.rmtree(runs_dir, ignore_errors=True)
-  summary = Summary(counts, paths, time.perf_counter() - started)
-  marker = os.path.join(out_dir, COMPLETE_MARKER)
-  with open(marker + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(
+    summary = Summary(counts, paths, time.perf_counter() - started)
+    _write_marker(
+      out_dir,
       {
         **dataclasses.asdict(counts),
         "inputs": inputs,
         "files": [os.path.basename(p) for p in paths],
       },
-      f,
     )
-  os.replace(marker + ".tmp", marker)
+  except BaseException:
+    # Without the marker this run's shards are no dataset; removed, they give back their
+    # space (a full disk) and cannot be taken for one.
+    with contextlib.suppress(OSError):
+      clear_outputs(out_dir)
+    raise
+  finally:
+    bar.close()
+    if writer is not None:
+      writer.abort()
+    shutil.rmtree(runs_dir, ignore_errors=True)
   return summary
+
+
+def _write_marker(out_dir: str, content: dict) -> None:
+  """The `.complete` marker, JSON `content`, written whole or not at all (a rename)."""
+  marker = os.path.join(out_dir, COMPLETE_MARKER)
+  try:
+    with WritesTo(marker), open(marker + ".tmp", "w", encoding="utf-8") as f:
+      json.dump(content, f)
+    os.replace(marker + ".tmp", marker)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(marker + ".tmp")
+    raise
 
 
 def add_arguments(parser) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from maxtext_netdata.errors import DataError
+from maxtext_netdata.errors import DataError, WritesTo
 
 FORMAT_VERSION = 2
 
@@ -301,18 +301,50 @@ def take_rows(array: np.ndarray, index: np.ndarray, out: np.ndarray | None = Non
 def _save(path: str, name: str, array: np.ndarray) -> None:
   dtype, tail = {**PROBE_ARRAYS, **ROW_ARRAYS}[name]
   assert array.dtype == dtype and array.shape[1:] == tail, (name, array.dtype, array.shape)
-  np.save(os.path.join(path, f"{name}.npy"), np.ascontiguousarray(array))
+  save_array(os.path.join(path, f"{name}.npy"), array)
+
+
+def save_array(file_path: str, array: np.ndarray) -> None:
+  """`np.save(file_path, array)`, whose failure names the file and its cause.
+
+  `np.save` writes the data with C stdio and reports a short write (a full disk) as
+  `OSError: N requested and M written`, without errno or file name. Here numpy writes the
+  header and Python's file object the data, the same bytes: a failed write raises OSError
+  with its errno (ENOSPC, EFBIG, ...) and `file_path`.
+  """
+  array = np.ascontiguousarray(array)
+  with WritesTo(file_path), open(file_path, "wb") as f:
+    np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(array))
+    f.write(array.reshape(-1).view(np.uint8))
+
+
+def reserve(f, size: int) -> None:
+  """Extends the open file `f` to `size` bytes past its position, allocated now (`fallocate`).
+
+  For a file written through a memory map: a file extended by `truncate` is sparse, its
+  blocks allocated only as its pages are written back, and a page that finds the disk full
+  kills the process with SIGBUS. Reserved here, a full disk is an OSError naming the file.
+  """
+  f.flush()
+  if size > 0:  # fallocate refuses a length of 0
+    with WritesTo(f.name):
+      os.posix_fallocate(f.fileno(), f.tell(), size)
 
 
 def write_json(path: str, data: dict) -> None:
   """Write JSON through a temporary file and a rename, so a reader sees all or nothing."""
   tmp = f"{path}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(data, f, indent=1, sort_keys=True)
-    f.write("\n")
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with WritesTo(path), open(tmp, "w", encoding="utf-8") as f:
+      json.dump(data, f, indent=1, sort_keys=True)
+      f.write("\n")
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
 
 
 def cached_arrays(

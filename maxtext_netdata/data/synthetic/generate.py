@@ -9,11 +9,13 @@ IPv4/IPv6, ~10% failed. Files are time-sorted like real dumps: shard k holds the
 range, so a long-lived probe appears in every shard.
 
 Everything is vectorized numpy, seeded by `seed` alone (each shard draws from its own
-generator), and each file is written atomically; `.complete` is written last.
+generator), and each file is written atomically; `.complete` is written last. A run that
+fails (a full disk) removes the files it wrote; a failed write raises OSError naming the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -26,7 +28,7 @@ import pyarrow.parquet as pq
 import tqdm
 
 from maxtext_netdata.data.raw.layout import COMPLETE_MARKER, FAILED_RTT, FILE_PATTERN, clear_outputs
-from maxtext_netdata.errors import UserError
+from maxtext_netdata.errors import UserError, WritesTo
 
 START_SECONDS = 1_751_328_000  # 2025-07-01T00:00:00Z
 SPAN_SECONDS = 6 * 3600
@@ -342,60 +344,81 @@ def generate(
   bar = tqdm.tqdm(
     total=rows, unit=" rows", unit_scale=True, desc="generate", disable=not progress or rows < 1e6
   )
-  for shard in range(shards):
-    path = os.path.join(out_dir, pattern.format(shard, shards))
-    tmp = os.path.join(out_dir, f".tmp-{os.getpid()}-{os.path.basename(path)}")
-    writer = None
-    try:
-      for piece in range(shard * per_shard, (shard + 1) * per_shard):
-        rng = np.random.default_rng([seed, piece + 1])
-        stream, when = world.events(
-          SPAN_SECONDS * piece // pieces, SPAN_SECONDS * (piece + 1) // pieces
-        )
-        wanted = rows * (piece + 1) // pieces - rows * piece // pieces + carried
-        keep = np.sort(rng.choice(len(stream), min(wanted, len(stream)), replace=False))
-        carried = wanted - len(keep)
-        table = _piece_table(world, stream[keep], when[keep], rng, with_probe=fmt != "parquet")
-        if fmt == "parquet":
-          if writer is None:
-            # Page checksums let a reader tell a flipped bit from data (prepare verifies them).
-            writer = pq.ParquetWriter(
-              tmp,
-              table.schema,
-              write_page_checksum=True,
-              dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES,
-            )
-          writer.write_table(table, row_group_size=WRITE_ROW_GROUP_ROWS)
-        else:
-          if writer is None:
-            writer = open(tmp, "wb")
-          _write_lines(writer, _json_lines(table))
-        written += table.num_rows
-        bar.update(table.num_rows)
-      writer.close()
+  try:
+    for shard in range(shards):
+      path = os.path.join(out_dir, pattern.format(shard, shards))
+      tmp = os.path.join(out_dir, f".tmp-{os.getpid()}-{os.path.basename(path)}")
       writer = None
-      os.replace(tmp, path)
-    finally:
-      if writer is not None:
-        writer.close()
-      if os.path.exists(tmp):
-        os.remove(tmp)
-    paths.append(path)
-  bar.close()
-  if carried:
-    raise RuntimeError(f"the generated world holds only {written} of {rows} rows")
-  summary = {
-    "rows": rows,
-    "shards": shards,
-    "seed": seed,
-    "format": fmt,
-    "world_rows": world_rows or rows,
-    "files": [os.path.basename(p) for p in paths],
-  }
-  with open(marker + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(summary, f)
-  os.replace(marker + ".tmp", marker)
+      try:
+        for piece in range(shard * per_shard, (shard + 1) * per_shard):
+          rng = np.random.default_rng([seed, piece + 1])
+          stream, when = world.events(
+            SPAN_SECONDS * piece // pieces, SPAN_SECONDS * (piece + 1) // pieces
+          )
+          wanted = rows * (piece + 1) // pieces - rows * piece // pieces + carried
+          keep = np.sort(rng.choice(len(stream), min(wanted, len(stream)), replace=False))
+          carried = wanted - len(keep)
+          table = _piece_table(world, stream[keep], when[keep], rng, with_probe=fmt != "parquet")
+          with WritesTo(path):
+            if writer is None:
+              writer = _open_writer(tmp, table.schema, fmt)
+            if fmt == "parquet":
+              writer.write_table(table, row_group_size=WRITE_ROW_GROUP_ROWS)
+            else:
+              _write_lines(writer, _json_lines(table))
+          written += table.num_rows
+          bar.update(table.num_rows)
+        with WritesTo(path):
+          writer.close()
+        writer = None
+        os.replace(tmp, path)
+      finally:
+        if writer is not None:
+          with contextlib.suppress(OSError):  # fails again on a full disk
+            writer.close()
+        if os.path.exists(tmp):
+          os.remove(tmp)
+      paths.append(path)
+    bar.close()
+    if carried:
+      raise RuntimeError(f"the generated world holds only {written} of {rows} rows")
+    summary = {
+      "rows": rows,
+      "shards": shards,
+      "seed": seed,
+      "format": fmt,
+      "world_rows": world_rows or rows,
+      "files": [os.path.basename(p) for p in paths],
+    }
+    _write_marker(marker, summary)
+  except BaseException:
+    # Without the marker the files written are no dataset; removed, they give back their
+    # space (a full disk) and cannot be taken for one.
+    with contextlib.suppress(OSError):
+      clear_outputs(out_dir)
+    raise
   return paths
+
+
+def _open_writer(tmp: str, schema: pa.Schema, fmt: str):
+  if fmt == "parquet":
+    # Page checksums let a reader tell a flipped bit from data (prepare verifies them).
+    return pq.ParquetWriter(
+      tmp, schema, write_page_checksum=True, dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES
+    )
+  return open(tmp, "wb")  # noqa: SIM115 (closed by the caller)
+
+
+def _write_marker(marker: str, summary: dict) -> None:
+  """The `.complete` marker, JSON `summary`, written whole or not at all (a rename)."""
+  try:
+    with WritesTo(marker), open(marker + ".tmp", "w", encoding="utf-8") as f:
+      json.dump(summary, f)
+    os.replace(marker + ".tmp", marker)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(marker + ".tmp")
+    raise
 
 
 def add_arguments(parser) -> None:
