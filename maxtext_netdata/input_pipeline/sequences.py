@@ -110,7 +110,7 @@ class BatchBuilder:
     self.field_order = field_order
     self.num_epoch = num_epoch
     self._plans: dict[int, epoch_plan.EpochPlan] = {}
-    self._stream_keys: dict[int, np.ndarray] = {}
+    self._settings: dict[int, batch_kernel.Settings] = {}
     self._lock = threading.Lock()  # Grain's read threads share the builder
     self._buffers = buffers.OutputPool()  # batches' memory, reused once they are released
     batch_kernel.load_in_background()  # while plans, JAX and the model get ready
@@ -134,9 +134,9 @@ class BatchBuilder:
   def __getstate__(self):
     state = dict(self.__dict__)
     state["_plans"] = {}
-    state["_stream_keys"] = {}
+    state["_settings"] = {}
     state.pop("stats", None)
-    state.pop("_store_arrays", None)
+    state.pop("_store_columns", None)
     del state["_lock"]
     return state
 
@@ -190,21 +190,38 @@ class BatchBuilder:
     return self.steps_per_epoch * self.num_epoch
 
   @functools.cached_property
-  def _store_arrays(self) -> tuple[np.ndarray, ...]:
+  def _store_columns(self) -> batch_kernel.StoreColumns:
     """The store arrays the kernel reads, as plain ndarrays (memory maps stay lazy)."""
     store = self.store
     rtt_bytes = np.asarray(store.rtt_bytes)
     hashed = np.asarray(store.hashed_order) if self.field_order == "hashed" else rtt_bytes
-    return (
-      np.asarray(self.stats.offsets),
-      np.asarray(store.probe_version),
-      np.asarray(store.probe_src),
-      np.asarray(store.dst),
-      np.asarray(store.seconds),
-      rtt_bytes,
-      np.asarray(store.failed),
-      hashed,
+    return batch_kernel.StoreColumns(
+      probe_offsets=np.asarray(self.stats.offsets),
+      probe_version=np.asarray(store.probe_version),
+      probe_src=np.asarray(store.probe_src),
+      dst=np.asarray(store.dst),
+      seconds=np.asarray(store.seconds),
+      rtt_bytes=rtt_bytes,
+      failed=np.asarray(store.failed),
+      hashed_order=hashed,
     )
+
+  def _settings_of(self, epoch: int) -> batch_kernel.Settings:
+    """The kernel's settings for the batches of `epoch` (the last epoch's kept: its stream
+    keys take ~70 us, as much as the pass over a small batch)."""
+    settings = self._settings.get(epoch)
+    if settings is None:
+      purposes = (rng.CONTEXT, rng.MEASUREMENT, rng.FILLER)
+      settings = batch_kernel.Settings(
+        keys=np.concatenate([rng.stream_key(self.seed, epoch, p) for p in purposes]),
+        mode_cdf=self.mode_cdf,
+        field_order=batch_kernel.FIELD_ORDERS[self.field_order],
+        fillers=FILLERS if self.packing else 0,
+        filler_rows=FILLER_ROWS,
+        permutations=_PERMUTATIONS,
+      )
+      self._settings = {epoch: settings}
+    return settings
 
   def gather(self, step: int, lo: int, hi: int) -> BatchRows:
     """Rows [lo, hi) of global batch `step`: their epoch and plan rows."""
@@ -219,28 +236,17 @@ class BatchBuilder:
     out = dict(zip(names, self._buffers.take(shape, len(names)), strict=True))
     inputs = [out[key] for key in INPUT_KEYS]
     targets = [out[key] for key in KEYS[3:]] if shifted else inputs
-    keys = self._stream_keys.get(rows.epoch)
-    if keys is None:  # ~70 us: as much as the pass over a small batch, so once per epoch
-      purposes = (rng.CONTEXT, rng.MEASUREMENT, rng.FILLER)
-      keys = np.concatenate([rng.stream_key(self.seed, rows.epoch, p) for p in purposes])
-      self._stream_keys = {rows.epoch: keys}
     plan = rows.plan
+    contexts = batch_kernel.Contexts(
+      plan.context_offsets, plan.context_probe, plan.context_start, plan.context_end
+    )
     try:
       batch_kernel.fill_batch(
         rows.plan_rows,
-        plan.context_offsets,
-        plan.context_probe,
-        plan.context_start,
-        plan.context_end,
-        *self._store_arrays,
-        keys,
-        self.mode_cdf,
-        batch_kernel.FIELD_ORDERS[self.field_order],
-        FILLERS if self.packing else 0,
-        FILLER_ROWS,
-        _PERMUTATIONS,
-        *inputs,
-        *targets,
+        contexts,
+        self._store_columns,
+        self._settings_of(rows.epoch),
+        batch_kernel.Outputs(*inputs, *targets),
         shifted,
       )
     except ValueError as e:  # the kernel checks what it reads from the store
