@@ -266,7 +266,7 @@ def test_plugin_and_our_pipeline_yield_the_same_batches(data_overrides):
 def test_run_with_workers_and_several_evals_leaves_nothing(tmp_path, data_overrides, jax_cache):
   """MaxText's trainer with 2 Grain workers and 3 evals: no process of the run's session and no
   /dev/shm entry it used is left, and the evals started no worker process."""
-  import process_helpers  # noqa: PLC0415
+  from tests.helpers import processes as process_helpers  # noqa: PLC0415
 
   metrics_file = tmp_path / "metrics.jsonl"
   argv = _train_argv(
@@ -463,7 +463,7 @@ def test_sigterm_with_jax_distributed_saves_and_leaves_nothing(tmp_path, data_ov
   process) and `enable_autocheckpoint`: it saves a checkpoint holding the next data position at
   JAX's sync step and ends with status 0; no process of its session (2 Grain workers) and no
   /dev/shm entry it used is left; a restart continues after that checkpoint."""
-  import process_helpers  # noqa: PLC0415
+  from tests.helpers import processes as process_helpers  # noqa: PLC0415
 
   metrics = tmp_path / "metrics.jsonl"
   argv = _train_argv(
@@ -534,7 +534,7 @@ def test_sigterm_to_a_single_process_run_closes_the_workers(tmp_path, data_overr
   """SIGTERM to MaxText's trainer with no SIGTERM handler of its own (one process, no
   `jax.distributed`): the command ends with 143 through its clean-up; its 2 Grain workers and
   every /dev/shm entry it used are gone (SIGTERM's default action left them behind)."""
-  import process_helpers  # noqa: PLC0415
+  from tests.helpers import processes as process_helpers  # noqa: PLC0415
 
   metrics = tmp_path / "metrics.jsonl"
   argv = _train_argv(
