@@ -1,7 +1,7 @@
 """Every way a training run ends leaves no process and no /dev/shm entry behind.
 
 Each run is `maxtext-netdata train` (or a script calling `train.train`) in its own session with
-2 Grain worker processes (`process_helpers`); afterwards no process of that session may be
+2 Grain worker processes (`tests.helpers.processes`); afterwards no process of that session may be
 alive and no /dev/shm entry it used may remain.
 """
 
