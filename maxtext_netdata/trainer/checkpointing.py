@@ -14,12 +14,23 @@ worker, thread or process count.
 process index and count, so a checkpoint of 2 processes could not resume in 1 (or 1 in 2).
 Ours writes the same files and, when this process's file is absent, takes the saved position
 all processes agree on.
+
+`Checkpoints` saves asynchronously. A checkpoint is complete once Orbax renames its folder
+from `<n>.orbax-checkpoint-tmp` to `<n>`; a save that fails (a full disk) leaves only the
+temporary folder, which no restore takes, and is reported as OSError naming the checkpoint,
+its cause and the last complete checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
+import logging
+import os
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,56 +92,200 @@ def checkpoint_dir(config: Config) -> Path:
   return Path(config.run_dir).absolute() / "checkpoints"
 
 
-def create_manager(config: Config) -> ocp.CheckpointManager | None:
-  """The run's CheckpointManager, or None when `enable_checkpointing` is off.
+class Checkpoints:
+  """The run's checkpoints in `checkpoint_dir(config)`, saved asynchronously by Orbax.
 
-  Saves are asynchronous: training goes on while arrays are written; `close()` waits.
+  Training goes on while a save is written. A save whose writing fails (a full disk, a file
+  over the size limit, no permission) surfaces at the next `save`, `check` or `close` as
+  OSError naming the checkpoint and the cause, with a note naming the last complete
+  checkpoint, from which a restart resumes. Orbax's own reports of that failure, from the
+  threads it passes through, are held back (`_FailureEchoes`).
   """
-  if not config.enable_checkpointing:
-    return None
-  options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True)
-  return ocp.CheckpointManager(
-    checkpoint_dir(config), item_names=(STATE_ITEM, ITERATOR_ITEM), options=options
-  )
+
+  def __init__(self, config: Config):
+    self.directory = checkpoint_dir(config)
+    self._saving: int | None = None  # the step of the save that may still be in flight
+    self._echoes = _FailureEchoes()
+    try:
+      options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True)
+      self.manager = ocp.CheckpointManager(
+        self.directory, item_names=(STATE_ITEM, ITERATOR_ITEM), options=options
+      )
+    except BaseException:
+      self._echoes.release()
+      raise
+
+  def save(self, completed_steps: int, state: Any, iterator_state: dict[str, Any]) -> None:
+    """Starts saving the state after `completed_steps` (the caller decides when one is due).
+
+    Waits for the save before it first, as Orbax would, raising its failure.
+    """
+    with self._reporting(self._saving):
+      self.manager.wait_until_finished()
+    self._saving = completed_steps
+    with self._reporting(completed_steps):
+      self.manager.save(
+        completed_steps,
+        args=ocp.args.Composite(
+          **{
+            STATE_ITEM: ocp.args.StandardSave(state),
+            ITERATOR_ITEM: IteratorStateSave(iterator_state),
+          }
+        ),
+        force=True,
+      )
+
+  def check(self) -> None:
+    """Raises the failure of a save that has ended; never waits for one being written.
+
+    One process only: in a multi-process run the processes could learn of a failure at
+    different steps, and one that stopped alone would leave the others waiting in the next
+    step's collectives. There a failure surfaces at the next `save` or `close`, which all
+    processes reach at the same step.
+    """
+    if self._saving is None or jax.process_count() > 1:
+      return
+    if not self.manager.is_saving_in_progress():
+      with self._reporting(self._saving):
+        self.manager.wait_until_finished()
+      self._saving = None
+
+  def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
+    """(completed steps, state, iterator state) of the latest checkpoint, or None if none.
+
+    `abstract_state` is the state's tree of `jax.ShapeDtypeStruct`s with shardings; restored
+    arrays get those shapes, dtypes and shardings.
+    """
+    step = self.manager.latest_step()
+    if step is None:
+      return None
+    restored = self.manager.restore(
+      step,
+      args=ocp.args.Composite(
+        **{
+          STATE_ITEM: ocp.args.StandardRestore(abstract_state),
+          ITERATOR_ITEM: IteratorStateRestore(),
+        }
+      ),
+    )
+    return step, restored[STATE_ITEM], restored[ITERATOR_ITEM]
+
+  def close(self) -> None:
+    """Waits for the save in flight (raising its failure) and closes the manager."""
+    try:
+      with self._reporting(self._saving):
+        self.manager.close()
+    finally:
+      self._echoes.release()
+
+  @contextlib.contextmanager
+  def _reporting(self, step: int | None):
+    """Within: a failed write of the checkpoint of `step` raised as OSError (see the class)."""
+    try:
+      yield
+    except Exception as e:
+      error = _os_error(e)
+      if error is None:
+        raise
+      self._echoes.drop()
+      if error.filename is None and step is not None:
+        error.filename = str(self.directory / str(step))
+      complete = ocp.utils.checkpoint_steps(self.directory) if self.directory.is_dir() else []
+      error.add_note(
+        f"the last complete checkpoint is step {max(complete)} in {self.directory}"
+        if complete
+        else f"no checkpoint in {self.directory} is complete"
+      )
+      raise error from e
 
 
-def save(
-  manager: ocp.CheckpointManager,
-  completed_steps: int,
-  state: Any,
-  iterator_state: dict[str, Any],
-) -> None:
-  """Saves the state after `completed_steps` (the caller decides when one is due)."""
-  manager.save(
-    completed_steps,
-    args=ocp.args.Composite(
-      **{
-        STATE_ITEM: ocp.args.StandardSave(state),
-        ITERATOR_ITEM: IteratorStateSave(iterator_state),
-      }
-    ),
-    force=True,
-  )
+_ORBAX_DIR = os.path.dirname(ocp.__file__)
+# TensorStore, which writes Orbax's arrays, reports an OS error in its message only.
+_OS_ERROR_CODE = re.compile(r"\[os_error_code='(\d+)'\]")
 
 
-def restore_latest(
-  manager: ocp.CheckpointManager, abstract_state: Any
-) -> tuple[int, Any, dict[str, Any]] | None:
-  """(completed steps, state, iterator state) of the latest checkpoint, or None if none.
+def _os_error(error: BaseException) -> OSError | None:
+  """The OSError behind a failed save, or None if it failed otherwise.
 
-  `abstract_state` is the state's tree of `jax.ShapeDtypeStruct`s with shardings; restored
-  arrays get those shapes, dtypes and shardings.
+  An OSError itself (Orbax's own file operations) or the `[os_error_code='N']` of a
+  TensorStore error (ValueError: RESOURCE_EXHAUSTED: Error writing ... No space left on
+  device [os_error_code='28']), anywhere in the chain of causes.
   """
-  step = manager.latest_step()
-  if step is None:
-    return None
-  restored = manager.restore(
-    step,
-    args=ocp.args.Composite(
-      **{
-        STATE_ITEM: ocp.args.StandardRestore(abstract_state),
-        ITERATOR_ITEM: IteratorStateRestore(),
-      }
-    ),
-  )
-  return step, restored[STATE_ITEM], restored[ITERATOR_ITEM]
+  while error is not None:
+    if isinstance(error, OSError) and error.errno is not None:
+      return error
+    found = _OS_ERROR_CODE.search(str(error))
+    if found:
+      code = int(found.group(1))
+      return OSError(code, os.strerror(code))
+    error = error.__cause__ or error.__context__
+  return None
+
+
+class _FailureEchoes:
+  """Orbax's own reports of a failed save, held back from stderr while the manager is open.
+
+  A save failing in Orbax's background threads is logged at ERROR, with its traceback, by
+  each thread it passes through (absl's logger). Its event loop, closed with writes still in
+  flight, reports "Event loop is closed" as unraisable exceptions; its unfinished tasks are
+  logged as "Task exception was never retrieved" (asyncio's logger) or, at interpreter
+  shutdown, reported as unraisable. The failure itself surfaces in the main thread, where
+  `Checkpoints` reports it once. Held back: ERROR records from Orbax's modules or naming
+  them, and those unraisable exceptions. `release` passes them on when no save failed; after
+  `drop` (a failure reported) they are dropped, and go on being dropped until the process
+  ends.
+  """
+
+  _LOGGERS = ("absl", "asyncio")  # Orbax logs through absl; asyncio logs its lost tasks
+
+  def __init__(self):
+    self._records: list[logging.LogRecord] = []
+    self._unraisables: list[Any] = []
+    self._dropping = False
+    self._orbax_dir = _ORBAX_DIR
+    for name in self._LOGGERS:
+      logging.getLogger(name).addFilter(self._hold_record)
+    self._previous_hook = sys.unraisablehook
+    sys.unraisablehook = self._hold_unraisable
+
+  def _hold_record(self, record: logging.LogRecord) -> bool:
+    echo = record.levelno >= logging.ERROR and (
+      record.pathname.startswith(self._orbax_dir) or self._orbax_dir in record.getMessage()
+    )
+    if echo and not self._dropping:
+      self._records.append(record)
+    return not echo
+
+  def _hold_unraisable(self, unraisable) -> None:
+    # Called at shutdown too, when module globals may be gone: nothing but builtins here.
+    exc, obj = unraisable.exc_value, unraisable.object
+    code = getattr(obj, "cr_code", None)
+    echo = (type(exc) is RuntimeError and str(exc) == "Event loop is closed") or (
+      code is not None and code.co_filename.startswith(self._orbax_dir)
+    )
+    if not echo:
+      self._previous_hook(unraisable)
+    elif not self._dropping:
+      self._unraisables.append(unraisable)
+
+  def drop(self) -> None:
+    self._dropping = True
+    self._records.clear()
+    self._unraisables.clear()
+    # The tasks and coroutines the failed save abandoned are finalized now, not at shutdown.
+    gc.collect()
+
+  def release(self) -> None:
+    """Without a failure: stops holding back and passes on what was held."""
+    if self._dropping:
+      return
+    for name in self._LOGGERS:
+      logging.getLogger(name).removeFilter(self._hold_record)
+    if sys.unraisablehook == self._hold_unraisable:
+      sys.unraisablehook = self._previous_hook
+    for record in self._records:
+      logging.getLogger(record.name).handle(record)
+    for unraisable in self._unraisables:
+      self._previous_hook(unraisable)
+    self._records.clear()
+    self._unraisables.clear()

@@ -28,6 +28,7 @@ from typing import Any
 import jax
 
 from maxtext_netdata.config import Config
+from maxtext_netdata.errors import WritesTo
 from maxtext_netdata.trainer import model
 
 
@@ -57,12 +58,8 @@ class MetricLogger:
     self.tensorboard_dir: Path | None = None
     self._tensorboard = None
     if config.enable_tensorboard and writes_files:
-      from tensorboardX import SummaryWriter  # heavy import, only when used
-
       self.tensorboard_dir = run_dir / "tensorboard"
-      self._tensorboard = SummaryWriter(
-        str(self.tensorboard_dir), purge_step=start_step if start_step > 0 else None
-      )
+      self._tensorboard = _EventFile(self.tensorboard_dir, start_step if start_step > 0 else None)
 
   def buffer_and_write_train_metrics(
     self, metrics: dict[str, Any], step: int, step_time_delta: float
@@ -88,15 +85,19 @@ class MetricLogger:
     if self._buffered is not None:
       self._write(*self._buffered)
       self._buffered = None
-    self._jsonl.flush()
+    with WritesTo(self.metrics_path):
+      self._jsonl.flush()
     if self._tensorboard is not None:
       self._tensorboard.flush()
 
   def close(self) -> None:
-    self.flush()
-    self._jsonl.close()
-    if self._tensorboard is not None:
-      self._tensorboard.close()
+    try:
+      self.flush()
+    finally:
+      with WritesTo(self.metrics_path):
+        self._jsonl.close()
+      if self._tensorboard is not None:
+        self._tensorboard.close()
 
   def _write(self, step: int, metrics: dict[str, Any], step_time: float) -> None:
     values = jax.device_get(metrics)  # blocks on this (finished or finishing) step only
@@ -129,12 +130,55 @@ class MetricLogger:
 
   def _emit(self, record: dict[str, Any]) -> None:
     self.history.append(record)
-    self._jsonl.write(json.dumps(record) + "\n")
+    with WritesTo(self.metrics_path):
+      self._jsonl.write(json.dumps(record) + "\n")
     if self._tensorboard is not None:
       step = record["step"]
       for name, value in record.items():
         if name != "step":
           self._tensorboard.add_scalar(_tensorboard_tag(name), value, step)
+
+
+class _EventFile:
+  """A TensorBoard event file of scalars, written in the calling thread.
+
+  tensorboardX's `SummaryWriter` writes from a thread of its own, which a failed write (a
+  full disk) ends with a traceback; the next events then wait forever for room in its queue,
+  and training hangs. Written here with its `EventsWriter` (the same file), a failed write
+  is an OSError in the training loop, naming the folder. `purge_step` (a resumed run) hides
+  the events of earlier runs from that step on, as `SummaryWriter(purge_step=...)` does.
+  """
+
+  def __init__(self, directory: Path, purge_step: int | None):
+    from tensorboardX.event_file_writer import EventsWriter  # heavy imports, only when used
+    from tensorboardX.proto import event_pb2
+    from tensorboardX.summary import scalar
+
+    self._event_pb2, self._scalar = event_pb2, scalar
+    self.directory = directory
+    directory.mkdir(parents=True, exist_ok=True)
+    with WritesTo(directory):
+      self._events = EventsWriter(str(directory / "events"))
+      if purge_step is not None:
+        start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+        self._events.write_event(
+          event_pb2.Event(wall_time=time.time(), step=purge_step, session_log=start)
+        )
+
+  def add_scalar(self, tag: str, value: float, step: int) -> None:
+    event = self._event_pb2.Event(
+      wall_time=time.time(), step=step, summary=self._scalar(tag, value)
+    )
+    with WritesTo(self.directory):
+      self._events.write_event(event)
+
+  def flush(self) -> None:
+    with WritesTo(self.directory):
+      self._events.flush()
+
+  def close(self) -> None:
+    with WritesTo(self.directory):
+      self._events.close()
 
 
 def _records_before(path: Path, start_step: int) -> list[str]:

@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -32,6 +32,7 @@ from jax.experimental import multihost_utils
 from maxtext_netdata.config import Config, ConfigError, initialize, load
 from maxtext_netdata.distributed import multihost
 from maxtext_netdata.distributed.mesh import batch_sharding, make_mesh, replicated
+from maxtext_netdata.errors import WritesTo
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline.interface import global_batch_size
 from maxtext_netdata.trainer import checkpointing, evaluation, model
@@ -262,8 +263,9 @@ def train(
   multihost.initialize_distributed(config)
   mesh = make_mesh(config)
   global_batch = check_config(config, mesh)
-  train_iter = eval_iter = manager = logger = None
+  train_iter = eval_iter = checkpoints = logger = None
   stop = _StopRequest()
+  failing = False
   try:
     stop.install()
     # No worker process runs yet: the iterators start them at start_prefetch / first batch,
@@ -273,7 +275,7 @@ def train(
 
       data_iterators = create_data_iterator(config, mesh)
     train_iter, eval_iter = data_iterators
-    manager = checkpointing.create_manager(config)
+    checkpoints = checkpointing.Checkpoints(config) if config.enable_checkpointing else None
     trainer = Trainer(config, mesh)
     print(
       f"train: {model.num_params(config) / 1e6:.1f}M parameters, {mesh.size} devices,"
@@ -282,7 +284,7 @@ def train(
       flush=True,
     )
     start_step = 0
-    restored = checkpointing.restore_latest(manager, trainer.abstract_state()) if manager else None
+    restored = checkpoints.restore_latest(trainer.abstract_state()) if checkpoints else None
     if restored is not None:
       start_step, state, iterator_state = restored
       train_iter.set_state(iterator_state)
@@ -330,30 +332,50 @@ def train(
         last = time.perf_counter()  # eval time is no step time
       last_step = completed == config.steps
       due = completed % config.checkpoint_period == 0 or last_step or stop.requested
-      if manager is not None and due:
-        checkpointing.save(manager, completed, state, train_iter.get_state())
+      if checkpoints is not None and due:
+        checkpoints.save(completed, state, train_iter.get_state())
+      elif checkpoints is not None:
+        checkpoints.check()  # a failed save stops the run at the step it is seen
       if stop.requested and not last_step:
         print(
           f"train: {stop.requested} received; stopped after step {completed}"
-          + (f", checkpoint {checkpointing.checkpoint_dir(config)}/{completed}" if manager else ""),
+          + (f", checkpoint {checkpoints.directory}/{completed}" if checkpoints else ""),
           flush=True,
         )
         break
     logger.flush()
+  except BaseException:
+    failing = True
+    raise
   finally:
-    stop.uninstall()
-    if logger is not None:
-      logger.close()
-    if manager is not None:
-      manager.close()
-    for iterator in (train_iter, eval_iter):
-      if iterator is not None and hasattr(iterator, "close"):
-        iterator.close()
+    closers = [stop.uninstall]
+    closers += [logger.close] if logger is not None else []
+    closers += [checkpoints.close] if checkpoints is not None else []
+    closers += [i.close for i in (train_iter, eval_iter) if i is not None and hasattr(i, "close")]
+    _close_all(closers, failing)
   summary = _summary(config, logger, model.num_params(config))
   summary["stopped_by"] = stop.requested
   if jax.process_index() == 0:  # one writer per shared run directory, as for the metrics
-    (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary_path = config.run_dir / "summary.json"
+    with WritesTo(summary_path):
+      summary_path.write_text(json.dumps(summary, indent=2) + "\n")
   return summary
+
+
+def _close_all(closers: list[Callable[[], None]], failing: bool) -> None:
+  """Calls every closer, whatever fails; raises the first failure unless `failing` already.
+
+  A full disk fails a save, then the metrics' flush and the next save: the first is the news,
+  and the data iterators must be closed all the same (their workers, their /dev/shm blocks).
+  """
+  first = None
+  for close in closers:
+    try:
+      close()
+    except Exception as e:
+      first = first or e
+  if first is not None and not failing:
+    raise first
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -27,11 +27,11 @@ def _state(seed):
 def test_latest_checkpoint_restores_state_and_iterator_position(tmp_path):
   cfg = _config(tmp_path)
   sharding = replicated(make_mesh(cfg))
-  manager = checkpointing.create_manager(cfg)
-  assert checkpointing.restore_latest(manager, None) is None
-  checkpointing.save(manager, 5, _state(5), {"next_index": 40, "epoch": 0})
-  checkpointing.save(manager, 10, _state(10), {"next_index": 80, "epoch": 1})
-  manager.close()
+  checkpoints = checkpointing.Checkpoints(cfg)
+  assert checkpoints.restore_latest(None) is None
+  checkpoints.save(5, _state(5), {"next_index": 40, "epoch": 0})
+  checkpoints.save(10, _state(10), {"next_index": 80, "epoch": 1})
+  checkpoints.close()
 
   step_dir = tmp_path / "ckpt" / "checkpoints" / "10"
   iterator_file = step_dir / "iter" / "process_0-of-1.json"
@@ -40,9 +40,9 @@ def test_latest_checkpoint_restores_state_and_iterator_position(tmp_path):
   abstract = jax.tree.map(
     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), _state(0)
   )
-  manager = checkpointing.create_manager(cfg)
-  step, state, iterator_state = checkpointing.restore_latest(manager, abstract)
-  manager.close()
+  checkpoints = checkpointing.Checkpoints(cfg)
+  step, state, iterator_state = checkpoints.restore_latest(abstract)
+  checkpoints.close()
   assert step == 10
   assert iterator_state == {"next_index": 80, "epoch": 1}
   expected = _state(10)
@@ -51,8 +51,3 @@ def test_latest_checkpoint_restores_state_and_iterator_position(tmp_path):
     assert got.dtype == want.dtype
     assert got.sharding == sharding
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-
-
-def test_disabled_checkpointing_has_no_manager(tmp_path):
-  assert checkpointing.create_manager(_config(tmp_path, "enable_checkpointing=false")) is None
-  assert not (tmp_path / "ckpt").exists()

@@ -135,6 +135,7 @@ def test_smoke_model_learns_from_the_sample_data(tmp_path, sample_dir):
   assert np.mean([losses[s] for s in range(35, 40)]) < 0.5 * losses[0]
   assert summary["eval_loss"] < 0.5 * losses[0]
   assert summary["eval_rtt_loss"] < losses[0]  # RTT bytes: learnt, if not yet past the unigram
+  assert not os.path.exists(os.path.join(summary["run_dir"], "checkpoints"))  # none enabled
 
 
 def _pipeline_run(tmp_path, sample_dir, run_name, steps, workers, digests):
