@@ -8,7 +8,8 @@ pipeline must beat.
 
 from __future__ import annotations
 
-from maxtext_netdata.config import Config, ConfigError
+from maxtext_netdata.config import Config
+from maxtext_netdata.errors import ConfigError
 from maxtext_netdata.trainer import model
 
 # Dense bf16 peak TFLOP/s per chip, from the vendors' data sheets.

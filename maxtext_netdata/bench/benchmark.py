@@ -28,8 +28,9 @@ from maxtext_netdata.bench import accelerators, loading, render
 from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench import report as bench_report
 from maxtext_netdata.bench.report import WARMUP_STEPS
-from maxtext_netdata.config import Config, ConfigError
+from maxtext_netdata.config import Config
 from maxtext_netdata.distributed import mesh
+from maxtext_netdata.errors import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

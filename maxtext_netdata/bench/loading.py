@@ -15,7 +15,7 @@ import psutil
 from tqdm import tqdm
 
 from maxtext_netdata.bench import report as bench_report
-from maxtext_netdata.config import ConfigError
+from maxtext_netdata.errors import ConfigError
 
 
 def time_loading(

@@ -6,7 +6,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from maxtext_netdata.config import Config, ConfigError
+from maxtext_netdata.config import Config
+from maxtext_netdata.errors import ConfigError
 
 DATA_AXIS = "data"
 

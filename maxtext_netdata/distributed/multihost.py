@@ -27,7 +27,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from maxtext_netdata.config import Config, ConfigError
+from maxtext_netdata.config import Config
+from maxtext_netdata.errors import ConfigError
 
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"

@@ -16,9 +16,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from maxtext_netdata.config import Config, ConfigError
+from maxtext_netdata.config import Config
 from maxtext_netdata.distributed import mesh as mesh_lib
 from maxtext_netdata.distributed import multihost
+from maxtext_netdata.errors import ConfigError
 from maxtext_netdata.input_pipeline import placement, registry, synthetic
 
 

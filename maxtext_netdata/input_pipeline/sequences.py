@@ -23,8 +23,7 @@ import threading
 
 import numpy as np
 
-from maxtext_netdata.config import ConfigError
-from maxtext_netdata.errors import DataError
+from maxtext_netdata.errors import ConfigError, DataError
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline import batch_kernel, buffers, epoch_plan, rng
 

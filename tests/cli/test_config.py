@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from maxtext_netdata import config
-from maxtext_netdata.config import ConfigError
+from maxtext_netdata.errors import ConfigError
 
 
 def _write(path, values):

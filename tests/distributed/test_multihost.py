@@ -21,8 +21,8 @@ import portpicker
 import pytest
 
 from maxtext_netdata import config
-from maxtext_netdata.config import ConfigError
 from maxtext_netdata.distributed import multihost
+from maxtext_netdata.errors import ConfigError
 from tests.helpers import processes
 
 REPO = Path(__file__).resolve().parents[2]

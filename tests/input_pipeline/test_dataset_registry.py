@@ -7,7 +7,7 @@ import os
 import pytest
 
 from maxtext_netdata import config
-from maxtext_netdata.config import ConfigError
+from maxtext_netdata.errors import ConfigError
 from maxtext_netdata.input_pipeline import register_dataset_type, registry
 from maxtext_netdata.trainer import train
 from tests.helpers.train import IndexedBatches

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from maxtext_netdata import config as config_lib
-from maxtext_netdata.config import ConfigError
 from maxtext_netdata.data.prepare import prepare
 from maxtext_netdata.distributed import mesh as mesh_lib
+from maxtext_netdata.errors import ConfigError
 from maxtext_netdata.format import tokenizer
 from maxtext_netdata.input_pipeline import create_data_iterator
 from maxtext_netdata.input_pipeline.batches_cli import digest
@@ -129,7 +129,7 @@ def test_batch_is_sharded_over_four_devices(overrides):
       import numpy as np
       from maxtext_netdata import config as config_lib
       from maxtext_netdata.distributed import mesh as mesh_lib
-      from maxtext_netdata.config import ConfigError
+      from maxtext_netdata.errors import ConfigError
       from maxtext_netdata.input_pipeline import create_data_iterator
       overrides = {overrides!r}
       config = config_lib.load(None, overrides + ["global_batch_size_to_load=-1",

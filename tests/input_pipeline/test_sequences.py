@@ -273,7 +273,7 @@ def test_too_little_data_for_one_batch_is_an_error(tmp_path):
 
 
 def test_sequences_shorter_than_a_measurement_are_refused(store):
-  from maxtext_netdata.config import ConfigError
+  from maxtext_netdata.errors import ConfigError
 
   with pytest.raises(ConfigError, match="max_target_length=40"):
     builder(store, seq_len=40)
@@ -282,7 +282,7 @@ def test_sequences_shorter_than_a_measurement_are_refused(store):
 def test_sequences_whose_draws_would_collide_are_refused(store):
   """Past MAX_SEQ_LEN a row's context or measurement counter could reach rng.COUNTER_LIMIT,
   where packed counters collide (and draws repeat silently): refused with the reason."""
-  from maxtext_netdata.config import ConfigError
+  from maxtext_netdata.errors import ConfigError
   from maxtext_netdata.input_pipeline import rng, sequences
 
   longest = sequences.MAX_SEQ_LEN

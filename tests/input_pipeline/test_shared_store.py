@@ -30,7 +30,7 @@ WORKER = textwrap.dedent(
   """
     import json, os, sys
     from maxtext_netdata import config
-    from maxtext_netdata.config import ConfigError
+    from maxtext_netdata.errors import ConfigError
     from maxtext_netdata.distributed import multihost
     from maxtext_netdata.distributed import mesh as mesh_lib
     from maxtext_netdata.errors import DataError, UserError

@@ -23,7 +23,7 @@ from tests.helpers.maxtext import SMOKE, TINY_MODEL
 
 pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
 
-from maxtext_netdata.config import ConfigError  # noqa: E402
+from maxtext_netdata.errors import ConfigError  # noqa: E402
 from maxtext_netdata.maxtext import patch_checkpoints  # noqa: E402
 from maxtext_netdata.maxtext import plugin as maxtext_plugin  # noqa: E402
 

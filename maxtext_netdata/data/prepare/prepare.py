@@ -35,13 +35,12 @@ import uuid
 
 import psutil
 
-from maxtext_netdata.config import ConfigError
 from maxtext_netdata.config import load as load_config
 from maxtext_netdata.data import remote
 from maxtext_netdata.data.prepare import assemble, local_runner, partition
 from maxtext_netdata.data.raw import reader
 from maxtext_netdata.data.store import remote_copy, store
-from maxtext_netdata.errors import DataError
+from maxtext_netdata.errors import ConfigError, DataError
 
 
 @dataclasses.dataclass
