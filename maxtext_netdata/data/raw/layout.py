@@ -9,7 +9,11 @@ marker is an interrupted run, never a dataset.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+
+from maxtext_netdata.errors import WritesTo
 
 COMPLETE_MARKER = ".complete"
 FILE_PATTERN = "pings-{:05d}-of-{:05d}.parquet"
@@ -25,3 +29,17 @@ def clear_outputs(out_dir: str) -> None:
   for name in os.listdir(out_dir):
     if name.startswith("pings-") and name.endswith((".parquet", ".json")):
       os.remove(os.path.join(out_dir, name))
+
+
+def write_complete_marker(out_dir: str, content: dict) -> None:
+  """The `.complete` marker of `out_dir`, JSON `content`, written whole or not at all (a
+  rename): the last write of a run, after which the folder is a dataset."""
+  marker = os.path.join(out_dir, COMPLETE_MARKER)
+  try:
+    with WritesTo(marker), open(marker + ".tmp", "w", encoding="utf-8") as f:
+      json.dump(content, f)
+    os.replace(marker + ".tmp", marker)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(marker + ".tmp")
+    raise

@@ -24,7 +24,6 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import tempfile
@@ -39,10 +38,10 @@ import tqdm
 from maxtext_netdata.config import load as load_config
 from maxtext_netdata.data import remote
 from maxtext_netdata.data.raw.layout import (
-  COMPLETE_MARKER,
   FILE_PATTERN,
   ROW_GROUP_SIZE,
   clear_outputs,
+  write_complete_marker,
 )
 from maxtext_netdata.data.ripe import reference
 from maxtext_netdata.data.ripe import scan as ripe_scan
@@ -287,7 +286,7 @@ def ingest(
     paths = writer.close()
     writer = None
     summary = Summary(counts, paths, time.perf_counter() - started)
-    _write_marker(
+    write_complete_marker(
       out_dir,
       {
         **dataclasses.asdict(counts),
@@ -307,19 +306,6 @@ def ingest(
       writer.abort()
     shutil.rmtree(runs_dir, ignore_errors=True)
   return summary
-
-
-def _write_marker(out_dir: str, content: dict) -> None:
-  """The `.complete` marker, JSON `content`, written whole or not at all (a rename)."""
-  marker = os.path.join(out_dir, COMPLETE_MARKER)
-  try:
-    with WritesTo(marker), open(marker + ".tmp", "w", encoding="utf-8") as f:
-      json.dump(content, f)
-    os.replace(marker + ".tmp", marker)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.remove(marker + ".tmp")
-    raise
 
 
 def add_arguments(parser) -> None:

@@ -16,7 +16,6 @@ fails (a full disk) removes the files it wrote; a failed write raises OSError na
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import time
@@ -27,7 +26,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import tqdm
 
-from maxtext_netdata.data.raw.layout import COMPLETE_MARKER, FAILED_RTT, FILE_PATTERN, clear_outputs
+from maxtext_netdata.data.raw.layout import (
+  FAILED_RTT,
+  FILE_PATTERN,
+  clear_outputs,
+  write_complete_marker,
+)
 from maxtext_netdata.errors import UserError, WritesTo
 
 START_SECONDS = 1_751_328_000  # 2025-07-01T00:00:00Z
@@ -334,7 +338,6 @@ def generate(
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
   os.makedirs(out_dir, exist_ok=True)
   clear_outputs(out_dir)
-  marker = os.path.join(out_dir, COMPLETE_MARKER)
 
   world = _World(world_rows or rows, np.random.default_rng(seed))
   per_shard = -(-rows // (shards * PIECE_ROWS))  # time slices per file
@@ -390,7 +393,7 @@ def generate(
       "world_rows": world_rows or rows,
       "files": [os.path.basename(p) for p in paths],
     }
-    _write_marker(marker, summary)
+    write_complete_marker(out_dir, summary)
   except BaseException:
     # Without the marker the files written are no dataset; removed, they give back their
     # space (a full disk) and cannot be taken for one.
@@ -407,18 +410,6 @@ def _open_writer(tmp: str, schema: pa.Schema, fmt: str):
       tmp, schema, write_page_checksum=True, dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES
     )
   return open(tmp, "wb")  # noqa: SIM115 (closed by the caller)
-
-
-def _write_marker(marker: str, summary: dict) -> None:
-  """The `.complete` marker, JSON `summary`, written whole or not at all (a rename)."""
-  try:
-    with WritesTo(marker), open(marker + ".tmp", "w", encoding="utf-8") as f:
-      json.dump(summary, f)
-    os.replace(marker + ".tmp", marker)
-  except BaseException:
-    with contextlib.suppress(OSError):
-      os.remove(marker + ".tmp")
-    raise
 
 
 def add_arguments(parser) -> None:
