@@ -164,11 +164,16 @@ def test_ingest_onto_a_full_disk(small_disk, tmp_path):
   _no_dataset(out)
 
 
-@pytest.mark.parametrize("config", ["base", "smoke"])
+@pytest.mark.parametrize(
+  ("config", "overrides"),
+  [("base", []), ("smoke", []), ("base", ["network_prepare_memory_mb=256"])],
+  ids=["probe split", "time split", "spilled buckets"],
+)
 @pytest.mark.parametrize("small_disk", ["1m"], indirect=True)
-def test_prepare_onto_a_full_disk(small_disk, tmp_path, config):
+def test_prepare_onto_a_full_disk(small_disk, tmp_path, config, overrides):
   """base: the probe split, assembled into files reserved up front and mapped; smoke: the
-  time split, sorted pieces saved first. Either way a column (~3 MB) fills the disk."""
+  time split, sorted pieces saved first. Either way a column (~3 MB) fills the disk. With
+  256 MB the rows go to 4 buckets spilled to files first (~10 MB), which fill it earlier."""
   raw = tmp_path / "raw"
   generate(str(raw), rows=200_000, shards=2, progress=False)
   prepared = small_disk.path / "prepared"
@@ -178,10 +183,12 @@ def test_prepare_onto_a_full_disk(small_disk, tmp_path, config):
       f"configs/{config}.yml",
       f"grain_train_files={raw}/*.parquet",
       f"network_prepared_dir={prepared}",
+      *overrides,
     )
   )
   line = _the_error_line("prepare", done.returncode, done.stderr)
-  assert re.search(rf"cannot write {prepared}/\S+\.npy: {re.escape(small_disk.cause)}$", line)
+  written = r"bucket-\d+\.bin" if overrides else r"\S+\.npy"
+  assert re.search(rf"cannot write {prepared}/\S+/{written}: {re.escape(small_disk.cause)}$", line)
   _no_store(prepared)
 
 

@@ -232,12 +232,12 @@ class _Writer:
     assert offsets[-1] == self.rows, (self.path, offsets[-1], self.rows)
     src = np.concatenate(self.src) if self.src else np.zeros((0, 16), np.uint8)
     version = np.concatenate(self.version) if self.version else np.zeros(0, np.uint8)
-    np.save(os.path.join(self.path, "probe_offsets.npy"), offsets)
-    np.save(os.path.join(self.path, "probe_src.npy"), np.ascontiguousarray(src))
-    np.save(os.path.join(self.path, "probe_version.npy"), version)
+    store.save_array(os.path.join(self.path, "probe_offsets.npy"), offsets)
+    store.save_array(os.path.join(self.path, "probe_src.npy"), np.ascontiguousarray(src))
+    store.save_array(os.path.join(self.path, "probe_version.npy"), version)
     for name, counts in zip(store.STATS_ARRAYS, self.counter.counts(), strict=True):
       assert counts.shape == (len(sizes),), (self.path, name, counts.shape)
-      np.save(os.path.join(self.path, f"{name}.npy"), counts)
+      store.save_array(os.path.join(self.path, f"{name}.npy"), counts)
     counts = {"rows": self.rows, "probes": len(sizes), "failed": self.failed}
     store.write_json(
       os.path.join(self.path, store.META_FILE),

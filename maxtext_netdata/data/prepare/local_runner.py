@@ -19,7 +19,7 @@ import tqdm
 from maxtext_netdata.data.prepare import assemble, partition
 from maxtext_netdata.data.raw import reader
 from maxtext_netdata.data.store import store
-from maxtext_netdata.errors import DataError
+from maxtext_netdata.errors import DataError, WritesTo
 
 
 def uses_hashed_order(config) -> bool:
@@ -158,12 +158,20 @@ class SpillWriter:
     if f is None:
       f = self.files[bucket] = open(self.path(bucket), "wb")  # noqa: SIM115 (closed in close)
     parts = chunk.parts()
-    f.write(sum(len(p) for p in parts).to_bytes(8, "little"))
-    f.writelines(parts)
+    with WritesTo(f.name):
+      f.write(sum(len(p) for p in parts).to_bytes(8, "little"))
+      f.writelines(parts)
 
   def close(self) -> None:
+    failed = None
     for f in self.files.values():
-      f.close()
+      try:
+        with WritesTo(f.name):
+          f.close()  # flushes: a full disk can show here first
+      except OSError as e:
+        failed = failed or e
+    if failed is not None:
+      raise failed
 
   def read(self, bucket: int) -> list[partition.Chunk]:
     """The bucket's chunks; the file is removed once read (its rows now live in memory).

@@ -335,5 +335,5 @@ def row_order(probe: np.ndarray, columns: dict) -> np.ndarray:
 def write_piece(rows: store.ProbeRows, path: str, meta: dict) -> dict:
   """Save a sorted bucket as a split-format folder plus its probes' hashes; its counts."""
   counts = rows.write(path, meta)
-  np.save(os.path.join(path, PROBE_HASH_FILE), rows.probe_hash)
+  store.save_array(os.path.join(path, PROBE_HASH_FILE), rows.probe_hash)
   return counts
