@@ -16,10 +16,25 @@ from maxtext_netdata.trainer import model
 PEAK_TFLOPS = {
   "a100": 312.0,
   "h100": 989.0,
+  "h200": 989.0,  # the H100's chip with more and faster memory
   "v5e": 197.0,
   "v5p": 459.0,
   "v6e": 918.0,
 }
+
+# jax's `device_kind` -> chip, first match wins ("NVIDIA H100 80GB HBM3", "TPU v5 lite").
+# The H100 PCIe peaks lower (756) and is left unmatched rather than counted as an SXM card.
+_DEVICE_KINDS = (
+  ("H200", "h200"),
+  ("H100 PCIe", None),
+  ("H100", "h100"),
+  ("A100", "a100"),
+  ("TPU v5 lite", "v5e"),
+  ("TPU v5e", "v5e"),
+  ("TPU v5", "v5p"),
+  ("TPU v6 lite", "v6e"),
+  ("TPU v6e", "v6e"),
+)
 
 # MFUs the estimate is stated at: 40% is a good real run, 60% an excellent one.
 ESTIMATE_MFUS = (0.4, 0.6)
@@ -44,6 +59,11 @@ def resolve_peak_tflops(
     raise ConfigError(f"peak of {peak} TFLOP/s must be positive")
   name = next((k for k, v in PEAK_TFLOPS.items() if v == peak), f"{peak:g}-TFLOP/s chip")
   return peak, name
+
+
+def chip_of_device_kind(device_kind: str) -> str | None:
+  """The PEAK_TFLOPS chip of a jax `device_kind`, or None for one not listed (a CPU)."""
+  return next((chip for pattern, chip in _DEVICE_KINDS if pattern in device_kind), None)
 
 
 def estimate(

@@ -1,0 +1,633 @@
+"""One prepared check on an accelerator VM: how fast is the step, and is it fed?
+
+`bash scripts/accelerator_check.sh` runs this module on a bare GPU or TPU VM without network
+(docs/performance.md, "On an accelerator"); `--dry-run` runs the same code on the CPU with a
+tiny model and tiny sizes. The parts, in order:
+
+1. environment: package versions, the devices, the chip's bf16 peak, host cores and memory;
+2. synthetic: the configured model on `dataset_type=synthetic`: the first step (compile
+   included), the median step, tokens/s and MFU counting the configured token slots
+   (MaxText's figure, padding included) and real tokens (the trainer's), device memory;
+3. data: generated measurements (`maxtext-netdata generate`) prepared into a store here;
+4. network: the same model on `network_grain` from that store: median step, the share of the
+   step spent waiting for data, the step ratio network/synthetic;
+5. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
+   idle share and gaps, and loading alone (real tokens/s) per `grain_worker_count`;
+6. batch sweep: `per_device_batch_size` around the configured one on synthetic data, the MFU
+   of each and the best; it stops at the first size that fails (out of memory) and before a
+   size whose compile would overrun the time budget.
+
+The machine is lent for minutes, so a part that fails is recorded with its error and the next
+one runs, and report.json is rewritten after every part. Compiled programs are cached on disk
+for the check's duration (a fresh cache each time): the first synthetic step pays the compile,
+later runs of the same shapes load it. Outputs in `--out`: report.json, report.png (bench's
+plot), trace.json.gz (the profile's Perfetto trace, trimmed to TRACE_BYTES); the last lines
+printed are a short table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import numpy as np
+import psutil
+
+from maxtext_netdata import config
+from maxtext_netdata.bench import accelerators, benchmark, flops, loading, render
+from maxtext_netdata.bench.report import WARMUP_STEPS, ms
+from maxtext_netdata.config import Config
+from maxtext_netdata.trainer import model
+
+DEFAULT_CONFIG = "configs/latency_network.yml"
+DEFAULT_WORK = "runs/accelerator_check"
+# The check's own time limit: the machine allows 10 minutes a command, start-up included.
+BUDGET_S = 480.0
+# The trimmed profile trace (gzip), small enough to come back from the machine.
+TRACE_BYTES = 4 * 2**20
+# Reported when installed: the stack the step runs on and what the pipeline imports.
+PACKAGES = (
+  "jax",
+  "jaxlib",
+  "jax-cuda13-plugin",
+  "jax-cuda12-plugin",
+  "libtpu",
+  "flax",
+  "optax",
+  "orbax-checkpoint",
+  "grain",
+  "numba",
+  "numpy",
+  "pyarrow",
+  "pydantic",
+  "tensorboardX",
+)
+
+
+class Sizes(NamedTuple):
+  """How much each part measures."""
+
+  rows: int  # generated measurements
+  steps: int  # measured training steps per run, after WARMUP_STEPS
+  batches: int  # measured loading batches per worker count
+  workers: tuple[int, ...]  # grain_worker_count values of loading alone, up to the cores
+  batch_scales: tuple[float, ...]  # multiples of per_device_batch_size swept
+  sweep_steps: int  # measured steps per swept batch size
+  overrides: tuple[str, ...]  # config overrides of the mode
+
+
+ACCELERATOR = Sizes(
+  rows=1_000_000,
+  steps=20,
+  batches=100,
+  workers=(0, 4, 8, 16),
+  batch_scales=(0.5, 1.0, 1.5, 2.0),
+  sweep_steps=5,
+  overrides=(),
+)
+DRY_RUN = Sizes(
+  rows=30_000,
+  steps=3,
+  batches=10,
+  workers=(0, 1),
+  batch_scales=(0.5, 1.0),
+  sweep_steps=2,
+  overrides=(
+    "base_num_decoder_layers=2",
+    "base_emb_dim=64",
+    "base_num_query_heads=2",
+    "base_num_kv_heads=2",
+    "head_dim=32",
+    "base_mlp_dim=128",
+    "max_target_length=128",
+    "per_device_batch_size=4",
+    "dtype=float32",
+    # In-process loading: on a CPU every worker start costs seconds; the sweep starts one.
+    "grain_worker_count=0",
+  ),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+  parser.add_argument(
+    "--config", default=DEFAULT_CONFIG, help=f"YAML config (default {DEFAULT_CONFIG})"
+  )
+  parser.add_argument(
+    "--dry-run",
+    action="store_true",
+    help="the same check on the CPU with a tiny model and tiny sizes (about a minute)",
+  )
+  parser.add_argument(
+    "--work",
+    default=DEFAULT_WORK,
+    help=f"folder of the generated data, the store and the runs (default {DEFAULT_WORK})",
+  )
+  parser.add_argument(
+    "--out", help="folder of report.json, report.png and trace.json.gz (default: --work)"
+  )
+  parser.add_argument(
+    "--peak-tflops",
+    type=float,
+    metavar="X",
+    help="the chip's bf16 peak TFLOP/s (default: the listed chip of the device, else no MFU)",
+  )
+  parser.add_argument(
+    "--budget-s",
+    type=float,
+    default=BUDGET_S,
+    metavar="S",
+    help=f"time budget; the batch sweep stops before overrunning it (default {BUDGET_S:g})",
+  )
+
+
+class Budget:
+  """The time left of the check's budget."""
+
+  def __init__(self, seconds: float):
+    self._deadline = time.monotonic() + seconds
+
+  def left(self) -> float:
+    return self._deadline - time.monotonic()
+
+
+def run(args: argparse.Namespace) -> dict:
+  """Every part in order; returns the report (also written to `<out>/report.json`)."""
+  started = time.perf_counter()
+  if args.dry_run:
+    jax.config.update("jax_platforms", "cpu")
+  sizes = DRY_RUN if args.dry_run else ACCELERATOR
+  budget = Budget(args.budget_s)
+  work = Path(args.work).resolve()
+  out = Path(args.out or work).resolve()
+  out.mkdir(parents=True, exist_ok=True)
+  cache = work / "xla_cache"
+  shutil.rmtree(cache, ignore_errors=True)  # the first step must pay the compile
+  jax.config.update("jax_compilation_cache_dir", str(cache))
+
+  env = environment(args.peak_tflops)
+  _progress(_environment_line(env, env["packages"]))
+  overrides = [
+    *sizes.overrides,
+    *args.overrides,
+    f"base_output_directory={work / 'runs'}",
+    f"grain_train_files={work / 'raw' / '*.parquet'}",
+    "num_epoch=-1",  # the runs take what they need of a small store
+  ]
+  if env["peak_tflops"]:
+    overrides.append(f"peak_tflops_per_device={env['peak_tflops']}")
+  cfg = config.load(args.config, overrides)
+  report = {
+    "dry_run": args.dry_run,
+    "config": args.config,
+    "overrides": overrides,
+    "sizes": sizes._asdict(),
+    "environment": env,
+    "model": model_figures(cfg, env["devices"]),
+    "synthetic": None,
+    "data": None,
+    "network": None,
+    "bench": None,
+    "loading": None,
+    "batch_sweep": None,
+    "outputs": None,
+    "errors": {},
+    "skipped": {},
+    "out": str(out),
+    "elapsed_s": None,
+  }
+
+  def save() -> None:
+    report["elapsed_s"] = time.perf_counter() - started
+    render.write_json(report, out / "report.json")
+
+  def part(name: str, measure: Callable[[], dict | list], needs: tuple[str, ...] = ()) -> None:
+    missing = [n for n in needs if report[n] is None]
+    if missing:
+      report["skipped"][name] = f"needs {', '.join(missing)}"
+    else:
+      _progress(f"{name} ({budget.left():.0f} s of the budget left)")
+      try:
+        report[name] = measure()
+      except Exception as e:  # the other parts' figures must still come back
+        traceback.print_exc()
+        report["errors"][name] = _error_line(e)
+    save()
+
+  peak, devices = env["peak_tflops"], env["devices"]
+  part(
+    "synthetic",
+    lambda: measure_training(
+      cfg, sizes.steps, work / "runs" / "synthetic", peak, devices, dataset_type="synthetic"
+    ),
+  )
+  part("data", lambda: make_store(cfg, sizes.rows, work / "raw"))
+  part(
+    "network",
+    lambda: with_ratio(
+      measure_training(cfg, sizes.steps, work / "runs" / "network", peak, devices),
+      report["synthetic"],
+    ),
+    needs=("data",),
+  )
+  part("bench", lambda: run_bench(cfg, args, sizes, env, work / "bench"), needs=("data",))
+  if report["bench"] is not None:
+    report["loading"] = loading_by_workers(report["bench"])
+  part("outputs", lambda: write_outputs(report["bench"], work / "bench", out), needs=("bench",))
+  part(
+    "batch_sweep",
+    lambda: sweep_batch_sizes(cfg, sizes, work / "runs", report["synthetic"], env, budget),
+    needs=("synthetic",),
+  )
+  save()
+  print(format_table(report), flush=True)
+  return report
+
+
+def environment(peak_tflops: float | None) -> dict:
+  """Versions, devices, the chip and its peak (`peak_tflops` if given), host cores and memory."""
+  devices = jax.devices()
+  kind = devices[0].device_kind
+  chip = accelerators.chip_of_device_kind(kind)
+  memory = devices[0].memory_stats() or {}
+  return {
+    "python": platform.python_version(),
+    "executable": sys.executable,
+    "packages": {name: _version(name) for name in PACKAGES if _version(name)},
+    "platform": devices[0].platform,
+    "device_kind": kind,
+    "devices": len(devices),
+    "processes": jax.process_count(),
+    "chip": chip,
+    "peak_tflops": peak_tflops or (accelerators.PEAK_TFLOPS[chip] if chip else None),
+    "device_memory_bytes": memory.get("bytes_limit"),
+    "cpu_cores": loading.cpu_cores(),
+    "host_memory_bytes": psutil.virtual_memory().total,
+  }
+
+
+def model_figures(cfg: Config, devices: int) -> dict:
+  """Parameters, FLOPs per token (model, its attention term, executed) and the batch."""
+  sequences = cfg.global_batch_size(devices)
+  return {
+    "params": model.num_params(cfg),
+    "flops_per_token": model.training_flops_per_token(cfg),
+    "attention_flops_per_token": flops.attention_flops_per_token(cfg),
+    "executed_flops_per_token": flops.executed_flops_per_token(cfg),
+    "per_device_batch_size": cfg.per_device_batch_size,
+    "sequences": sequences,
+    "max_target_length": cfg.max_target_length,
+    "tokens_per_step": sequences * cfg.max_target_length,
+  }
+
+
+def measure_training(
+  cfg: Config,
+  steps: int,
+  run_dir: Path,
+  peak_tflops: float | None,
+  devices: int,
+  **overrides,
+) -> dict:
+  """`steps + WARMUP_STEPS` steps of `cfg` with `overrides` (bench's training run), condensed.
+
+  Token rates and MFU use the median step; configured tokens are every slot of the global
+  batch (MaxText's count), real tokens the median per step of the trainer's `real_tokens`.
+  The data-wait share is the steady steps' waiting over their time. Device memory is the
+  process's peak so far (None on a CPU).
+  """
+  start = time.perf_counter()
+  summary = benchmark.train_and_read_metrics(cfg, steps, run_dir, **overrides)
+  with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
+    records = sorted((r for r in map(json.loads, f) if "step_time_s" in r), key=lambda r: r["step"])
+  steady = records[WARMUP_STEPS:]
+  run_cfg = cfg.replace(**overrides)
+  slots = run_cfg.global_batch_size(devices) * run_cfg.max_target_length
+  real = float(np.median([r["real_tokens"] for r in steady]))
+  step = summary["step_time"]["median"]
+  flops_per_token = model.training_flops_per_token(run_cfg)
+  return {
+    "per_device_batch_size": run_cfg.per_device_batch_size,
+    "wall_s": time.perf_counter() - start,
+    "first_step_s": records[0]["step_time_s"],
+    "step_time": summary["step_time"],
+    "data_wait": summary["data_wait"],
+    "data_wait_share": sum(r["data_wait_s"] for r in steady)
+    / sum(r["step_time_s"] for r in steady),
+    "tokens_per_step": slots,
+    "real_tokens_per_step": real,
+    "tokens_per_s": slots / step,
+    "real_tokens_per_s": real / step,
+    "mfu": flops.utilization(flops_per_token, slots / step, devices, peak_tflops),
+    "mfu_real_tokens": flops.utilization(flops_per_token, real / step, devices, peak_tflops),
+    "device_memory_peak_bytes": (jax.local_devices()[0].memory_stats() or {}).get(
+      "peak_bytes_in_use"
+    ),
+    "run_dir": str(run_dir),
+    "training": summary,
+  }
+
+
+def with_ratio(network: dict, synthetic: dict | None) -> dict:
+  """`network` with its median step over the synthetic one (None without a synthetic run)."""
+  reference = synthetic["step_time"]["median"] if synthetic else None
+  ratio = network["step_time"]["median"] / reference if reference else None
+  return {**network, "step_ratio_to_synthetic": ratio}
+
+
+def make_store(cfg: Config, rows: int, raw_dir: Path) -> dict:
+  """Generates `rows` measurements into `raw_dir` (`maxtext-netdata generate`, a shard per
+  core) and prepares `cfg`'s store from them."""
+  from maxtext_netdata.data.prepare import prepare
+
+  shards = max(2, loading.cpu_cores())
+  start = time.perf_counter()
+  command = [sys.executable, "-m", "maxtext_netdata", "generate", "--out", str(raw_dir)]
+  subprocess.run([*command, "--rows", str(rows), "--shards", str(shards)], check=True)
+  generated = time.perf_counter()
+  splits = prepare.ensure_prepared(cfg)
+  summary = splits.summary
+  return {
+    "rows": rows,
+    "shards": shards,
+    "generate_s": generated - start,
+    "prepare_s": time.perf_counter() - generated,
+    "cached": splits.cached,
+    "probes": summary["probes"],
+    "splits": summary["splits"],
+    "prepared_dir": cfg.prepared_dir,
+  }
+
+
+def run_bench(cfg: Config, args: argparse.Namespace, sizes: Sizes, env: dict, out_dir: Path):
+  """`maxtext-netdata bench CONFIG --profile --sweep-workers ...`'s report, not printed: the
+  synthetic run, loading alone per worker count (those of `sizes` up to the cores), the
+  profiled real run and the verdict."""
+  chip_known = env["chip"] is not None and not args.peak_tflops
+  bench_args = argparse.Namespace(
+    overrides=list(args.overrides),
+    peak_tflops=None if chip_known else env["peak_tflops"],
+    accelerator=env["chip"] if chip_known else None,
+    steps=sizes.steps,
+    batches=sizes.batches,
+    target_step_time=None,
+    profile=True,
+  )
+  sweep = [w for w in sizes.workers if w <= env["cpu_cores"]]
+  return benchmark.measure(cfg, bench_args, sweep, out_dir)
+
+
+def write_outputs(bench: dict, bench_dir: Path, out: Path) -> dict:
+  """bench's plot as `out/report.png` and its profile's Perfetto trace, trimmed, as
+  `out/trace.json.gz` (None when the profiler wrote none)."""
+  plot = render.write_plot(bench, out / "report.png")
+  trace = _newest(bench_dir / "real" / "profile", "perfetto_trace.json.gz")
+  return {
+    "plot": str(plot),
+    "trace": trim_trace(trace, out / "trace.json.gz", TRACE_BYTES) if trace else None,
+  }
+
+
+def loading_by_workers(bench: dict) -> list[dict]:
+  """Loading alone per swept `grain_worker_count`, from bench's report."""
+  keys = ("workers", "real_tokens_per_s", "batch_s", "first_batch_s", "cpu_cores_busy")
+  return [{key: s[key] for key in keys} for s in bench["sweep"] or [bench["loading"]]]
+
+
+def sweep_batch_sizes(
+  cfg: Config, sizes: Sizes, runs_dir: Path, configured: dict, env: dict, budget: Budget
+) -> dict:
+  """Synthetic steps at each `per_device_batch_size` of `sizes.batch_scales`, ascending.
+
+  The configured size is the synthetic part's run. No further size runs after one that fails
+  (out of memory: larger ones would too) or once the budget left is shorter than the
+  configured size's run took (a cold compile included, as a new size's is); `stopped` says
+  which.
+  """
+  configured_size = cfg.per_device_batch_size
+  batch_sizes = sorted({max(1, round(configured_size * s)) for s in sizes.batch_scales})
+  runs, stopped = [], None
+  for size in batch_sizes:
+    if size == configured_size:
+      runs.append(_sweep_entry(configured))
+      continue
+    if stopped is not None:
+      continue
+    if budget.left() < configured["wall_s"]:
+      stopped = f"per_device_batch_size={size} and the sizes after it: {budget.left():.0f} s left"
+      continue
+    try:
+      run = measure_training(
+        cfg,
+        sizes.sweep_steps,
+        runs_dir / f"batch_{size}",
+        env["peak_tflops"],
+        env["devices"],
+        dataset_type="synthetic",
+        per_device_batch_size=size,
+      )
+    except Exception as e:  # out of memory, most likely; larger sizes would fail as well
+      runs.append({"per_device_batch_size": size, "error": _error_line(e)})
+      stopped = f"per_device_batch_size={size} failed"
+      continue
+    runs.append(_sweep_entry(run))
+  best = max((r for r in runs if "error" not in r), key=lambda r: r["tokens_per_s"])
+  return {"runs": runs, "best": best["per_device_batch_size"], "stopped": stopped}
+
+
+def _sweep_entry(run: dict) -> dict:
+  keys = ("per_device_batch_size", "tokens_per_s", "real_tokens_per_s", "mfu", "mfu_real_tokens")
+  return {**{key: run[key] for key in keys}, "step_time_s": run["step_time"]["median"]}
+
+
+def trim_trace(source: Path, target: Path, max_bytes: int) -> dict:
+  """Writes the Perfetto trace `source` (gzipped JSON) to `target`, cut to the events around
+  its middle (steady steps) that gzip to `max_bytes` or less.
+
+  Metadata events (process and thread names) are kept. The first cut keeps the share of the
+  events that `max_bytes` is of the source file; each further one shrinks it by the excess.
+  Returns where it went, how many events it kept of how many, and the seconds they span.
+  """
+  trace = json.loads(gzip.decompress(source.read_bytes()))
+  timed = sorted((e for e in trace["traceEvents"] if "ts" in e), key=lambda e: e["ts"])
+  untimed = [e for e in trace["traceEvents"] if "ts" not in e]
+  share = min(1.0, max_bytes / source.stat().st_size)
+  while True:
+    keep = int(len(timed) * share)
+    kept = timed[(len(timed) - keep) // 2 :][:keep]
+    text = json.dumps({**trace, "traceEvents": untimed + kept}, separators=(",", ":"))
+    data = gzip.compress(text.encode(), compresslevel=6)
+    if len(data) <= max_bytes or not kept:
+      break
+    share *= min(0.9, max_bytes / len(data))
+  target.write_bytes(data)
+  return {
+    "path": str(target),
+    "source": str(source),
+    "events": len(kept),
+    "of_events": len(timed),
+    # Perfetto's timestamps are microseconds.
+    "span_s": (kept[-1]["ts"] - kept[0]["ts"]) / 1e6 if kept else 0.0,
+  }
+
+
+def format_table(report: dict) -> str:
+  """The report's short table: one line per part, the errors and skipped parts last."""
+  env, shape = report["environment"], report["model"]
+  peak = f"{env['peak_tflops']:g} TFLOP/s" if env["peak_tflops"] else "no known peak: no MFU"
+  rows = [
+    ("device", _environment_line(env, {k: env["packages"].get(k) for k in ("jax", "jaxlib")})),
+    (
+      "model",
+      f"{shape['params'] / 1e6:.1f}M params, {shape['flops_per_token'] / 1e9:.3g} GFLOP per"
+      f" token ({shape['attention_flops_per_token'] / shape['flops_per_token']:.0%}"
+      f" attention), batch {shape['sequences']} x {shape['max_target_length']}, {peak}",
+    ),
+  ]
+  synthetic = report["synthetic"]
+  if synthetic:
+    rows.append(
+      (
+        "synthetic",
+        f"first step {ms(synthetic['first_step_s'])} (compile), median"
+        f" {ms(synthetic['step_time']['median'])}, {synthetic['tokens_per_s']:,.0f} tokens/s,"
+        f" MFU {_share(synthetic['mfu'])} (real tokens {_share(synthetic['mfu_real_tokens'])}),"
+        f" memory {_gib(synthetic['device_memory_peak_bytes'])}"
+        f" of {_gib(env['device_memory_bytes'])}",
+      )
+    )
+  data = report["data"]
+  if data:
+    rows.append(
+      (
+        "data",
+        f"{data['rows']:,} rows generated in {data['generate_s']:.1f} s, prepared in"
+        f" {data['prepare_s']:.1f} s",
+      )
+    )
+  network = report["network"]
+  if network:
+    ratio = network["step_ratio_to_synthetic"]
+    rows.append(
+      (
+        "network_grain",
+        f"median {ms(network['step_time']['median'])}, data wait"
+        f" {network['data_wait_share']:.1%} of the step, network/synthetic"
+        f" {'n/a' if ratio is None else f'{ratio:.3f}'},"
+        f" MFU real tokens {_share(network['mfu_real_tokens'])}",
+      )
+    )
+  bench = report["bench"]
+  if bench:
+    rows.append(("verdict", bench["verdict"]["kind"]))
+    profile = bench["profile"]
+    if profile and "error" not in profile:
+      gaps = profile["gaps"]
+      rows.append(
+        (
+          "profile",
+          f"idle {profile['idle_share']['median']:.0%} of a step (median, max"
+          f" {profile['idle_share']['max']:.0%}); {gaps['count']} gaps, {ms(gaps['seconds'])};"
+          f" host waiting on: {profile['host_waiting_on'] or 'nothing'}",
+        )
+      )
+    elif profile:
+      rows.append(("profile", f"not measured: {profile['error']}"))
+    rows.append(
+      (
+        "loading alone",
+        ", ".join(
+          f"{s['workers']} workers {s['real_tokens_per_s'] / 1e6:.1f}M" for s in report["loading"]
+        )
+        + " real tokens/s",
+      )
+    )
+  sweep = report["batch_sweep"]
+  if sweep:
+    entries = [
+      f"{r['per_device_batch_size']:g}: failed"
+      if "error" in r
+      else f"{r['per_device_batch_size']:g}: {r['tokens_per_s']:,.0f} tokens/s, MFU {_share(r['mfu'])}"
+      for r in sweep["runs"]
+    ]
+    stopped = f" ({sweep['stopped']})" if sweep["stopped"] else ""
+    rows.append(("batch sweep", "; ".join(entries) + f"; best {sweep['best']:g}{stopped}"))
+  for name, error in report["errors"].items():
+    rows.append((f"{name} failed", error))
+  for name, why in report["skipped"].items():
+    rows.append((f"{name} skipped", why))
+  width = max(len(k) for k, _ in rows)
+  lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+  lines.append(f"{'elapsed'.ljust(width)}  {report['elapsed_s']:.0f} s; outputs in {report['out']}")
+  return "\n".join(lines)
+
+
+def _environment_line(env: dict, packages: dict[str, str | None]) -> str:
+  """Devices, chip, host and the versions of `packages`, in one line."""
+  chip = env["chip"] or "not a listed chip"
+  versions = ", ".join(f"{name} {version}" for name, version in packages.items())
+  return (
+    f"{env['devices']} x {env['device_kind']} ({env['platform']}, {chip}), {env['cpu_cores']}"
+    f" cores, {env['host_memory_bytes'] / 2**30:.0f} GiB; python {env['python']}, {versions}"
+  )
+
+
+def _version(name: str) -> str | None:
+  try:
+    return metadata.version(name)
+  except metadata.PackageNotFoundError:
+    return None
+
+
+def _newest(folder: Path, name: str) -> Path | None:
+  found = sorted(folder.rglob(name), key=lambda p: p.stat().st_mtime)
+  return found[-1] if found else None
+
+
+def _error_line(error: BaseException) -> str:
+  lines = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]
+
+
+def _share(value: float | None) -> str:
+  return "n/a" if value is None else f"{value:.1%}"
+
+
+def _gib(value: int | None) -> str:
+  return "n/a" if value is None else f"{value / 2**30:.1f} GiB"
+
+
+def _progress(message: str) -> None:
+  print(f"[accelerator_check] {message}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Runs the check; exit status 1 when a part failed."""
+  parser = argparse.ArgumentParser(
+    prog="python -m maxtext_netdata.bench.accelerator_check", description=__doc__.split("\n")[0]
+  )
+  add_arguments(parser)
+  args = parser.parse_args(argv)
+  from absl import flags
+
+  # Grain reads its absl flags when it starts worker processes; only an entry point may
+  # parse them, and this one takes every setting from the config.
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  return 1 if run(args)["errors"] else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,205 @@
+"""The accelerator check (bench/accelerator_check.py, scripts/accelerator_check.sh): its
+dry run end to end on the CPU, and its parts on constructed inputs (the chip of a device,
+the batch sweep's stops, the trimmed trace)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from maxtext_netdata import config
+from maxtext_netdata.bench import accelerator_check, accelerators, flops
+from maxtext_netdata.bench import report as bench_report
+from tests.helpers import REPO
+
+TABLE_ROWS = (
+  "device",
+  "model",
+  "synthetic",
+  "data",
+  "network_grain",
+  "verdict",
+  "profile",
+  "loading alone",
+  "batch sweep",
+  "elapsed",
+)
+
+
+@pytest.mark.slow
+def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tmp_path):
+  out, work = tmp_path / "out", tmp_path / "work"
+  result = subprocess.run(
+    ["bash", "scripts/accelerator_check.sh", "--dry-run", "--out", str(out)]
+    + ["--work", str(work), "--peak-tflops", "1"],
+    cwd=REPO,
+    env={**os.environ, "PYTHON": sys.executable},
+    capture_output=True,
+    text=True,
+    timeout=400,
+  )
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  table = result.stdout.rstrip().splitlines()[-len(TABLE_ROWS) :]
+  assert [line.split("  ")[0] for line in table] == list(TABLE_ROWS), "\n".join(table)
+  assert (out / "check.log").read_text().rstrip().endswith("\n".join(table))
+
+  report = json.loads((out / "report.json").read_text())
+  assert report["errors"] == {} and report["skipped"] == {}
+  assert report["environment"]["platform"] == "cpu"
+  assert report["environment"]["peak_tflops"] == 1.0
+
+  shape = report["model"]
+  assert (shape["sequences"], shape["max_target_length"]) == (4, 128)
+  synthetic = report["synthetic"]
+  assert synthetic["first_step_s"] > synthetic["step_time"]["median"] > 0  # the compile
+  assert synthetic["tokens_per_step"] == 4 * 128 > synthetic["real_tokens_per_step"] > 0
+  assert synthetic["mfu"] == pytest.approx(
+    flops.utilization(shape["flops_per_token"], synthetic["tokens_per_s"], 1, 1.0)
+  )
+  assert synthetic["mfu"] > synthetic["mfu_real_tokens"] > 0
+  assert f"MFU {synthetic['mfu']:.1%}" in table[2]
+
+  network = report["network"]
+  assert 0 <= network["data_wait_share"] < 1
+  assert network["step_ratio_to_synthetic"] == pytest.approx(
+    network["step_time"]["median"] / synthetic["step_time"]["median"]
+  )
+  assert report["data"]["rows"] == accelerator_check.DRY_RUN.rows
+
+  bench = report["bench"]
+  assert bench["verdict"]["kind"] in {
+    bench_report.NOT_BOTTLENECK,
+    bench_report.BOTTLENECK,
+    bench_report.STARVED,
+    bench_report.FORCED_SYNC,
+  }
+  assert bench["profile"]["idle_share"]["median"] >= 0, bench["profile"]
+  assert [s["workers"] for s in report["loading"]] == [0, 1]
+  assert all(s["real_tokens_per_s"] > 0 for s in report["loading"])
+
+  sweep = report["batch_sweep"]
+  assert [r["per_device_batch_size"] for r in sweep["runs"]] == [2, 4]
+  assert sweep["best"] in (2, 4) and sweep["stopped"] is None
+
+  assert report["outputs"]["plot"] == str(out / "report.png")
+  assert (out / "report.png").read_bytes().startswith(b"\x89PNG")
+  trace = out / "trace.json.gz"
+  assert 0 < trace.stat().st_size <= accelerator_check.TRACE_BYTES
+  assert json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+
+
+@pytest.mark.parametrize(
+  ("device_kind", "chip"),
+  [
+    ("NVIDIA H100 80GB HBM3", "h100"),
+    ("NVIDIA H100 PCIe", None),
+    ("NVIDIA H200", "h200"),
+    ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("TPU v5 lite", "v5e"),
+    ("TPU v5", "v5p"),
+    ("TPU v6 lite", "v6e"),
+    ("cpu", None),
+  ],
+)
+def test_chip_of_device_kind(device_kind, chip):
+  assert accelerators.chip_of_device_kind(device_kind) == chip
+
+
+def _configured_run(size: float, tokens_per_s: float, wall_s: float = 10.0) -> dict:
+  return {
+    "per_device_batch_size": size,
+    "wall_s": wall_s,
+    "tokens_per_s": tokens_per_s,
+    "real_tokens_per_s": tokens_per_s * 0.9,
+    "mfu": None,
+    "mfu_real_tokens": None,
+    "step_time": {"median": 1.0},
+  }
+
+
+class _Left:
+  def __init__(self, seconds: float):
+    self.seconds = seconds
+
+  def left(self) -> float:
+    return self.seconds
+
+
+def _sweep(monkeypatch, tmp_path, fails_from: int, budget_left: float = 1e9) -> dict:
+  """The sweep of 16/32/48/64 around a configured 32, each size's run made up: tokens/s
+  grows with the batch until `fails_from`, which runs out of memory."""
+
+  def fake_measure(cfg, steps, run_dir, peak, devices, dataset_type, per_device_batch_size):
+    if per_device_batch_size >= fails_from:
+      raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate\ndetails")
+    return _configured_run(per_device_batch_size, 1000.0 * per_device_batch_size)
+
+  monkeypatch.setattr(accelerator_check, "measure_training", fake_measure)
+  cfg = config.load(None, ["per_device_batch_size=32"])
+  env = {"peak_tflops": None, "devices": 1}
+  configured = _configured_run(32.0, 30_000.0)
+  return accelerator_check.sweep_batch_sizes(
+    cfg, accelerator_check.ACCELERATOR, tmp_path, configured, env, _Left(budget_left)
+  )
+
+
+def test_batch_sweep_picks_the_most_tokens_per_second(monkeypatch, tmp_path):
+  sweep = _sweep(monkeypatch, tmp_path, fails_from=1000)
+  assert [r["per_device_batch_size"] for r in sweep["runs"]] == [16, 32, 48, 64]
+  assert sweep["runs"][1]["tokens_per_s"] == 30_000.0  # the configured run, not re-run
+  assert sweep["best"] == 64 and sweep["stopped"] is None
+
+
+def test_batch_sweep_stops_at_the_first_failed_size(monkeypatch, tmp_path):
+  sweep = _sweep(monkeypatch, tmp_path, fails_from=48)
+  assert [r["per_device_batch_size"] for r in sweep["runs"]] == [16, 32, 48]
+  error = "RuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate"
+  assert sweep["runs"][-1]["error"] == error
+  assert sweep["best"] == 32 and sweep["stopped"] == "per_device_batch_size=48 failed"
+
+
+def test_batch_sweep_stops_before_overrunning_the_budget(monkeypatch, tmp_path):
+  # 5 s left, and the configured run took 10 s: no new size fits.
+  sweep = _sweep(monkeypatch, tmp_path, fails_from=1000, budget_left=5.0)
+  assert [r["per_device_batch_size"] for r in sweep["runs"]] == [32]
+  assert sweep["best"] == 32
+  assert sweep["stopped"] == "per_device_batch_size=16 and the sizes after it: 5 s left"
+
+
+def _trace(path: Path, events: int) -> None:
+  timed = [
+    {"ph": "X", "pid": 1, "tid": 2, "ts": float(i), "dur": 0.5, "name": f"op {i} " + "x" * 40}
+    for i in range(events)
+  ]
+  meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}}]
+  text = json.dumps({"displayTimeUnit": "ns", "traceEvents": meta + timed})
+  path.write_bytes(gzip.compress(text.encode()))
+
+
+def test_trimmed_trace_keeps_the_middle_and_the_names_within_the_size(tmp_path):
+  source, target = tmp_path / "perfetto_trace.json.gz", tmp_path / "trace.json.gz"
+  _trace(source, 200_000)
+  max_bytes = source.stat().st_size // 10
+  info = accelerator_check.trim_trace(source, target, max_bytes)
+  assert 0 < target.stat().st_size <= max_bytes
+  trace = json.loads(gzip.decompress(target.read_bytes()))
+  assert trace["displayTimeUnit"] == "ns"
+  assert trace["traceEvents"][0]["ph"] == "M"
+  stamps = [e["ts"] for e in trace["traceEvents"][1:]]
+  assert len(stamps) == info["events"] < info["of_events"] == 200_000
+  middle = (stamps[0] + stamps[-1]) / 2
+  assert abs(middle - 100_000) <= 1
+  assert stamps == sorted(stamps) and stamps[-1] - stamps[0] == len(stamps) - 1  # contiguous
+
+
+def test_small_trace_is_kept_whole(tmp_path):
+  source, target = tmp_path / "perfetto_trace.json.gz", tmp_path / "trace.json.gz"
+  _trace(source, 100)
+  info = accelerator_check.trim_trace(source, target, accelerator_check.TRACE_BYTES)
+  assert info["events"] == info["of_events"] == 100
