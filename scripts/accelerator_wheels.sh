@@ -7,7 +7,7 @@
 # annotated-types, typing-inspection) and tensorboardX. typing_extensions and protobuf are
 # there at versions not known here, below what pydantic (>= 4.16) and Grain (>= 5.28.3) need
 # perhaps, so they come too: newer ones serve older users. duckdb, which only `ingest`'s
-# reference reader imports, stays behind (20 MiB). Versions are constraints.txt's. Then every
+# reference reader imports, stays behind (24 MiB). Versions are constraints.txt's. Then every
 # wheel's Requires-Dist must be met by the wheels or the image, and the total stays <= 40 MiB.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
