@@ -180,7 +180,7 @@ def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
         progress.update(done - position)
         position = done
       if array:
-        data = converter.feed(piece, last)
+        data = converter.feed(piece, last)  # b"", or whole elements: never blank
       elif last:
         data, carry = carry, b""
       else:
@@ -191,7 +191,7 @@ def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
           whole = not carry and cut == len(piece)
           data = piece if whole else b"".join((carry, memoryview(piece)[:cut]))
           carry = piece[cut:]
-      if data and not data.isspace():
+      if len(data) and (array or not data.isspace()):
         block = reference.Block(data, line, reference.count_newlines(data), unit)
         yield block
         line += block.newlines

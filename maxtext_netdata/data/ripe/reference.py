@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
+import re
 import threading
 from typing import NamedTuple
 
@@ -33,8 +35,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxtext_netdata.data.raw import addresses, ip_text
 from maxtext_netdata.data.raw.layout import FAILED_RTT
 from maxtext_netdata.data.ripe.scanner import json_scan
+from maxtext_netdata.data.ripe.scanner.kernel import FIRST_SECOND, LAST_SECOND
 from maxtext_netdata.errors import DataError
 
 # Timeouts (`x`) and errors only lack `rtt`; a duplicate is any packet whose `dup` is set.
@@ -75,6 +79,12 @@ _DUCKDB_COLUMNS = {
 _THREADS = 1
 _local = threading.local()  # a DuckDB connection per thread, made on first use
 _NULL_INT = pa.scalar(None, pa.int64())
+# Nesting a line may have: Python's `json` (the screen of doubtful lines) raises
+# RecursionError near 1,500 levels, DuckDB's reader has no limit; results nest 4 deep.
+MAX_NESTING = 512
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')  # a JSON string, escapes included
+_OPENING, _CLOSING = np.frombuffer(b"[{", np.uint8), np.frombuffer(b"]}", np.uint8)
+_DUPLICATE_KEY = re.compile(r'has duplicate key "(.*)"')
 
 
 @dataclasses.dataclass
@@ -122,8 +132,21 @@ def _version_of(address) -> pa.Array:
   return pc.if_else(pc.match_substring(address, "."), pc.coalesce(six, 4), six)
 
 
+def _address_problem(name: str, text: str | None, version: int) -> str | None:
+  """Why address `text` of field `name` cannot be a row's of `version`, or None."""
+  if not text:
+    return None
+  family = int(ip_text.parse(pa.array([text]))[1][0])
+  if family == ip_text.INVALID:
+    return f"{name}={text!r} is not an IPv4 or IPv6 address"
+  if family != version:
+    return f"{name}={text!r} is not an IPv{version} address (ip_version {version})"
+  return None
+
+
 def _problem(batch: pa.RecordBatch, i: int) -> str:
-  """Why row `i` of a results batch cannot become a row (for the error message only)."""
+  """Why row `i` of a results batch cannot become rows (for the error message only: what
+  decides is `map_batch`)."""
   row = batch.slice(i, 1).to_pylist()[0]
   missing = [k for k in ("msm_id", "timestamp") if row[k] is None]
   if row["af"] not in (None, 4, 6):
@@ -132,12 +155,50 @@ def _problem(batch: pa.RecordBatch, i: int) -> str:
     missing.append("af (or an address)")
   if row["result"] is None and row["avg"] is None and row["rcvd"] != 0:
     missing.append("result (or avg)")
-  return "not a usable ping result: no " + ", ".join(missing) if missing else "unusable result"
+  if missing:
+    return "not a usable ping result: no " + ", ".join(missing)
+  if not FIRST_SECOND <= row["timestamp"] <= LAST_SECOND:
+    return (
+      f"timestamp {row['timestamp']} is not from {FIRST_SECOND} to {LAST_SECOND} (1970 to 9999)"
+    )
+  for k, packet in enumerate(row["result"] or [], 1):
+    if packet is None:
+      return f"packet {k} of the result is null, not an object"
+    if packet["dup"] is None and packet["rtt"] is not None and not math.isfinite(packet["rtt"]):
+      return f"packet {k}: rtt is {packet['rtt']}, not a finite number"
+  avg = row["avg"]
+  if row["result"] is None and row["rcvd"] != 0 and avg != FAILED_RTT and not math.isfinite(avg):
+    return f"avg is {avg}, not a finite number"
+  src = "from" if row["from"] else "src_addr"
+  dst = "dst_addr" if row["dst_addr"] or not row["addr"] else "addr"
+  version = row["af"] or _form_of(row[dst]) or _form_of(row[src])
+  for name in (src, dst):
+    problem = _address_problem(name, row[name], version)
+    if problem:
+      return problem
+  return "unusable result"
+
+
+def _form_of(address: str | None) -> int | None:
+  """`_version_of` of one text."""
+  if not address:
+    return None
+  return 6 if ":" in address else 4 if "." in address else None
+
+
+def addresses_fit(address: pa.Array, version: np.ndarray) -> np.ndarray:
+  """bool per entry: `address` is null, empty, or an address of `version` (what `prepare`
+  accepts, checked by its own parser)."""
+  return ~addresses.parse_addresses(address, version, source="ingest", column_name="address")[1]
 
 
 def map_batch(batch: pa.RecordBatch, counts: Counts) -> tuple[pa.Table, np.ndarray]:
   """Rows (ROW_SCHEMA, in result order) of one batch of RESULT_SCHEMA, and its bad rows.
 
+  A result is bad (docs/data_format.md) when it lacks what a row needs, or when a row of it
+  would be one `prepare` refuses: a timestamp outside FIRST_SECOND..LAST_SECOND, a packet
+  that is null or whose rtt is not finite (NaN, infinite: a duplicate's does not count), a
+  non-finite `avg` that is used, or an address that is not one of the result's version.
   Counts results, other types and duplicates into `counts` (rows and bad lines are the
   caller's: it decides whether bad rows are an error).
   """
@@ -160,31 +221,42 @@ def map_batch(batch: pa.RecordBatch, counts: Counts) -> tuple[pa.Table, np.ndarr
   old_rtt = pc.if_else(failed_old, FAILED_RTT, avg)
   packets = batch.column("result")
   has_list = packets.is_valid().to_numpy(zero_copy_only=False)
+  timestamp = batch.column("timestamp")
+  in_time = pc.and_(
+    pc.greater_equal(timestamp, FIRST_SECOND), pc.less_equal(timestamp, LAST_SECOND)
+  )
+  flat = pc.list_flatten(packets)
+  parent = pc.list_parent_indices(packets).to_numpy()
+  dup = pc.struct_field(flat, "dup").is_valid().to_numpy(zero_copy_only=False)
+  rtt = pc.fill_null(pc.struct_field(flat, "rtt"), FAILED_RTT).to_numpy()
+  unusable_packet = flat.is_null().to_numpy(zero_copy_only=False) | (~dup & ~np.isfinite(rtt))
+  old_values = pc.fill_null(old_rtt, FAILED_RTT).to_numpy()
+  versions = pc.fill_null(version, 0).to_numpy()
   usable = (
     batch.column("msm_id").is_valid().to_numpy(zero_copy_only=False)
-    & batch.column("timestamp").is_valid().to_numpy(zero_copy_only=False)
+    & pc.fill_null(in_time, False).to_numpy(zero_copy_only=False)
     & pc.fill_null(pc.is_in(version, pa.array([4, 6])), False).to_numpy(zero_copy_only=False)
     & (has_list | old_rtt.is_valid().to_numpy(zero_copy_only=False))
+    & (np.bincount(parent[unusable_packet], minlength=batch.num_rows) == 0)
+    & (has_list | np.isfinite(old_values))
+    & addresses_fit(src, versions)
+    & addresses_fit(dst, versions)
   )
   bad = np.flatnonzero(~other & ~usable)
   good = ~other & usable
 
-  flat = pc.list_flatten(packets)
-  parent = pc.list_parent_indices(packets).to_numpy()
   take = good[parent]
-  dup = pc.struct_field(flat, "dup").is_valid().to_numpy(zero_copy_only=False)
   counts.duplicates += int((take & dup).sum())
   take &= ~dup
-  rtt = pc.fill_null(pc.struct_field(flat, "rtt"), FAILED_RTT).to_numpy()
   old = np.flatnonzero(good & ~has_list)
   index = np.concatenate([parent[take], old])
-  values = np.concatenate([rtt[take], pc.fill_null(old_rtt, FAILED_RTT).to_numpy()[old]])
+  values = np.concatenate([rtt[take], old_values[old]])
   order = np.argsort(index, kind="stable")
   index, values = pa.array(index[order]), values[order]
   table = pa.table(
     [
       batch.column("msm_id").take(index),
-      pc.cast(batch.column("timestamp").take(index), ROW_SCHEMA.field("event_time").type),
+      pc.cast(timestamp.take(index), ROW_SCHEMA.field("event_time").type),
       src.take(index),
       dst.take(index),
       version.take(index),
@@ -208,9 +280,15 @@ def _read(data: bytes) -> pa.Table:
 
 
 def _reason(error: duckdb.Error) -> str:
-  """Why DuckDB's reader rejected a line that is a JSON object (a value it cannot cast)."""
-  detail = str(error).split("\n")[0]
-  detail = detail.split(": ", 2)[-1] if "in line" in detail else detail
+  """Why DuckDB's reader rejected a line that `json.loads` reads as an object: a value it
+  cannot cast, a needed key twice, or text its parser refuses (a lone surrogate)."""
+  message = str(error).split("\n")[0]
+  detail = message.split(": ", 2)[-1].strip() if "in line" in message else message
+  duplicate = _DUPLICATE_KEY.search(detail)
+  if duplicate:
+    return f"duplicate key {duplicate.group(1)!r}"
+  if "Malformed JSON" in message:
+    return f"not JSON ({detail.rstrip('.')})"
   return f"a field has an unusable value ({detail})"
 
 
@@ -273,14 +351,29 @@ def _by_halves(data: bytes, first_only: bool) -> tuple[pa.Table, list[int], list
   return results, lines, bad[:1] if first_only else bad
 
 
+def _nesting(line: bytes) -> int:
+  """How deep the arrays and objects of `line` nest (brackets in strings do not count)."""
+  codes = np.frombuffer(_STRING.sub(b"", line), np.uint8)
+  steps = np.isin(codes, _OPENING).astype(np.int64) - np.isin(codes, _CLOSING)
+  return int(np.cumsum(steps).max(initial=0))
+
+
+def _json_kind(value) -> str:
+  if value is None or isinstance(value, bool):
+    return json.dumps(value)
+  return {str: "a string", list: "an array"}.get(type(value), "a number")
+
+
 def _screen(line: bytes) -> tuple[str | None, str | None]:
   """(why `line` is not a JSON object, else None; its `type` when not ping, else None)."""
+  if _nesting(line) > MAX_NESTING:
+    return f"nested deeper than {MAX_NESTING} levels", None
   try:
     value = json.loads(line)
   except ValueError:
     return "not JSON", None
   if not isinstance(value, dict):
-    return f"not a JSON object (a {type(value).__name__})", None
+    return f"not a JSON object ({_json_kind(value)})", None
   kind = value.get("type")
   return None, None if kind in (None, "ping") else str(kind)
 

@@ -139,12 +139,40 @@ def load(notice_after_s: float = 2.0) -> None:
     notice.cancel()
 
 
-def scan(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, pa.Table]:
-  """(kinds, starts, first_rows, duplicates, rows) of a block of newline-delimited results:
-  `scan_block`'s, its rows as one ROW_SCHEMA table."""
+def _scanned(buf: np.ndarray, lines: int):
+  """(kinds, starts, first_rows, dups, rows): `scan_block`'s, its rows as one ROW_SCHEMA
+  table, with the ping results whose addresses are not of their version handed over.
+
+  The kernel does not parse addresses; they are checked here by `prepare`'s own parser, on
+  each result's first row (every result the kernel maps has one), and the lines of the
+  results that fail go to the reference, which names them.
+  """
+  scanned = scan_block(buf, lines)
+  kinds, starts, first_rows, dups = scanned[:4]
+  rows = _table(buf, scanned)
+  ping = np.flatnonzero(kinds == PING)
+  if not len(ping):
+    return kinds, starts, first_rows, dups, rows
+  first = pa.array(first_rows[ping])
+  version = rows.column("ip_version").take(first).to_numpy()
+  fits = reference.addresses_fit(rows.column("src_addr").take(first), version)
+  fits &= reference.addresses_fit(rows.column("dst_addr").take(first), version)
+  if fits.all():
+    return kinds, starts, first_rows, dups, rows
+  handed = ping[~fits]
+  kinds[handed], dups[handed] = HANDED, 0
+  line_rows = np.diff(first_rows)
+  line_rows[handed] = 0
+  rows = rows.filter(pa.array(np.repeat(kinds != HANDED, np.diff(first_rows))))
+  first_rows = np.concatenate(([0], np.cumsum(line_rows)))
+  return kinds, starts, first_rows, dups, rows
+
+
+def scan(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, pa.Table]:
+  """(kinds, starts, first_rows, dups, rows) of a block of newline-delimited results: each
+  line's kind, start, first row and duplicates dropped, and the rows as one ROW_SCHEMA table."""
   buf = _bytes_of(_newline_ended(data))
-  scanned = scan_block(buf, reference.count_newlines(buf))
-  return *scanned[:4], _table(buf, scanned)
+  return _scanned(buf, reference.count_newlines(buf))
 
 
 def rows_of_block(
@@ -157,18 +185,16 @@ def rows_of_block(
   lines = block.newlines + (len(data) == 0 or memoryview(data)[-1] != NEWLINE)
   data = _newline_ended(data)
   buf = _bytes_of(data)
-  scanned = scan_block(buf, lines)
-  kinds, starts, first_rows, dups = scanned[:4]
+  kinds, starts, first_rows, dups, rows = _scanned(buf, lines)
   handed = kinds == HANDED
   # Runs of handed-over lines: [begin, end) line ranges.
   edges = np.flatnonzero(np.diff(np.concatenate(([0], handed.view(np.int8), [0]))))
   runs = edges.reshape(-1, 2)
   if len(runs) > _MAX_RUNS:
     return reference.rows_of_block(block, path, counts, skip_bad)
-  rows = _table(buf, scanned)
   counts.results += int(np.count_nonzero((kinds == PING) | (kinds == OTHER)))
   counts.other_types += int(np.count_nonzero(kinds == OTHER))
-  counts.duplicates += int(dups)
+  counts.duplicates += int(dups.sum())
   counts.rows += rows.num_rows
   if not len(runs):
     return rows

@@ -181,7 +181,7 @@ def test_bad_line_number_counts_every_earlier_block(tmp_path, readers):
   lines.insert(450, b"[1, 2]\n")  # the first bad line, in a block mapped beside the next
   lines.insert(455, b"not json at all\n")
   path = _write(tmp_path / "long.json", b"".join(lines))
-  with pytest.raises(DataError, match=r"long.json: line 451: not a JSON object \(a list\)"):
+  with pytest.raises(DataError, match=r"long.json: line 451: not a JSON object \(an array\)"):
     ingest([path], str(tmp_path / "out"), block_bytes=1000, progress=False, readers=readers)
   done = ingest(
     [path], str(tmp_path / "out"), block_bytes=1000, progress=False, skip_bad=True, readers=readers

@@ -1,9 +1,9 @@
-"""The compiled line kernel of `ripe_scan`: RIPE Atlas ping results (JSON lines) → rows.
+"""The compiled line kernel of `data.ripe.scan`: RIPE Atlas ping results (JSON lines) → rows.
 
 `scan_block` reads every line of a block (a uint8 view, no Python per line) with the strict
 JSON pieces of `json_scan`, reads only the fields the mapping needs, skips the rest, and
 writes the rows of the results it can map with certainty; it says of every other line that
-it is handed over (to `ripe_json`, the reference). What it maps itself is a strict subset of
+it is handed over (to `data.ripe.reference`). What it maps itself is a strict subset of
 what both the reference and `json.loads` accept, so it never gives a row the reference
 would not:
 - a line is one JSON object in `json_scan`'s strict grammar, nested at most
@@ -13,10 +13,14 @@ would not:
   most 18 digits (or null), `avg` a number (or null), `result` a list of objects, `rtt` a
   number of at most `_MAX_NUMBER` characters with an exponent of at most two digits (or
   null), `dup` an integer (or null);
-- a `ping` result (or one without `type`) has a `result` list, `msm_id`, `timestamp`, and
-  an `af` of 4 or 6 or an address that tells the version.
+- a `ping` result (or one without `type`) has a `result` list that gives at least one row,
+  `msm_id`, a `timestamp` from `FIRST_SECOND` to `LAST_SECOND`, and an `af` of 4 or 6 or an
+  address that tells the version.
+Whether its addresses are addresses of that version is checked after the scan, by
+`data.ripe.scan` with the raw contract's parser (outside this room), on the first row of
+each result: hence at least one row.
 A valid JSON object whose `type` is another string is counted as another type whatever its
-other fields hold, as the reference does. The mapping of the rest is `ripe_json.map_batch`'s.
+other fields hold, as the reference does. The mapping of the rest is `reference.map_batch`'s.
 
 Compiled by numba with `cache=True`: the first use ever compiles it (25-60 s measured on the
 shared 2-vCPU development machine, most of it the inlined `json_scan` pieces), later
@@ -52,6 +56,9 @@ from maxtext_netdata.kernels.ascii import (
 kernel_cache.install()  # the cache keyed on json_scan's text too
 
 BLANK, PING, OTHER, HANDED = 0, 1, 2, 3  # what `scan_block` says of each line
+# The timestamps a row may have (docs/data_format.md): from 1970 (the token format's Unix
+# seconds are unsigned) to the end of 9999 (what `decode` and Python's datetime show).
+FIRST_SECOND, LAST_SECOND = 0, 253_402_300_799
 _MAX_NUMBER = 32
 # Needed top-level keys, in `_TOP` order; their index is the bit in an object's seen-mask.
 _TOP = (
@@ -117,7 +124,7 @@ def _spells(buf, start, length, word):
 
 @js.helper
 def _version(buf, start, length):
-  """6 for text with a colon, 4 for text with a dot, else 0 (ripe_json._version_of)."""
+  """6 for text with a colon, 4 for text with a dot, else 0 (reference._version_of)."""
   dot = False
   for j in range(start, start + max(length, 0)):
     if buf[j] == COLON:
@@ -326,7 +333,9 @@ def _line(buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, of
   t_start, t_length = spans[_TYPE, 0], spans[_TYPE, 1]
   if t_length >= 0 and not _spells(buf, t_start, t_length, _PING):
     return OTHER, first, 0, i
-  if odd or not has_list or spans[_MSM, 1] < 0 or spans[_TS, 1] < 0:
+  if odd or not has_list or m == first or spans[_MSM, 1] < 0 or spans[_TS, 1] < 0:
+    return HANDED, first, 0, i
+  if fields[_TS] < FIRST_SECOND or fields[_TS] > LAST_SECOND:
     return HANDED, first, 0, i
   dst = _DST if spans[_DST, 1] > 0 else (_ADDR if spans[_ADDR, 1] > 0 else _DST)
   src = _FROM if spans[_FROM, 1] > 0 else _SRC
@@ -363,37 +372,38 @@ def _line(buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, of
 
 
 @js.helper
-def _lines(buf, line, p, lines, m, kinds, starts, first_rows, stack, fields, spans, out_ints,
-           valid, rtt, rtt_text, offsets, texts):  # fmt: skip
-  """`_line` over the lines from `line` (at `p`) on: (line, p, m, duplicates) where it stopped.
+def _lines(buf, line, p, lines, m, kinds, starts, first_rows, dups, stack, fields, spans,
+           out_ints, valid, rtt, rtt_text, offsets, texts):  # fmt: skip
+  """`_line` over the lines from `line` (at `p`) on: (line, p, m) where it stopped; each line's
+  kind, start, first row and duplicates into `kinds`, `starts`, `first_rows`, `dups`.
 
   It stops at the end, or where an output array is full. Its own function, compiled without
   reference counting, because each call passing arrays from `scan_block` counts references
   to every one.
   """
   n = len(buf)
-  dups = 0
   while line < lines and p <= n:
     starts[line], first_rows[line] = p, m
     kind, m, d, p = _line(
       buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, offsets, texts
     )
     if kind == _FULL:
-      return line, p, m, dups
+      return line, p, m
     kinds[line] = kind
-    dups += d
+    dups[line] = d
     while p < n and buf[p] != NEWLINE:  # the next line (`_line` may stop anywhere in a bad one)
       p += 1
     p, line = p + 1, line + 1
-  return line, p, m, dups
+  return line, p, m
 
 
 @numba.njit(cache=True, nogil=True)
 def scan_block(buf, lines):
-  """Each line's kind (BLANK, PING, OTHER, HANDED), its start, its first row, and the rows
-  of `buf`, `lines` newline-ended lines (its last byte a newline: `json_scan`'s contract).
+  """Each line's kind (BLANK, PING, OTHER, HANDED), its start, its first row, its duplicates
+  dropped, and the rows of `buf`, `lines` newline-ended lines (its last byte a newline:
+  `json_scan`'s contract).
 
-  Returns (kinds[lines], starts[lines + 1], first_rows[lines + 1], duplicates, m, ints,
+  Returns (kinds[lines], starts[lines + 1], first_rows[lines + 1], dups[lines], m, ints,
   valid, rtt, rtt_text, offsets, texts): the m rows in the first m entries of the columns
   described at `MSM` (offsets m + 1).
   """
@@ -403,6 +413,7 @@ def scan_block(buf, lines):
   kinds = np.zeros(lines, np.int8)
   starts = np.empty(lines + 1, np.int64)
   first_rows = np.empty(lines + 1, np.int64)
+  dups = np.zeros(lines, np.int64)
   # Room for three rows a line (RIPE's default packets), grown when more come. A line's texts
   # are parts of it: the block's size bounds them unless results of many packets repeat long
   # ones (then they grow too). Pages never written are not mapped in.
@@ -417,13 +428,12 @@ def scan_block(buf, lines):
   stack = np.empty(js.MAX_DEPTH, np.uint8)
   fields = np.zeros(_N_KEYS, np.int64)  # integer fields, by key index
   spans = np.zeros((_N_KEYS, 2), np.int64)  # text fields: (start, length), -1: null
-  m, dups, p, line = 0, 0, 0, 0
+  m, p, line = 0, 0, 0
   while True:
-    line, p, m, d = _lines(
-      buf, line, p, lines, m, kinds, starts, first_rows, stack, fields, spans, out_ints, valid,
-      rtt, rtt_text, offsets, texts,
+    line, p, m = _lines(
+      buf, line, p, lines, m, kinds, starts, first_rows, dups, stack, fields, spans, out_ints,
+      valid, rtt, rtt_text, offsets, texts,
     )  # fmt: skip
-    dups += d
     if line >= lines or p > n:
       break
     rows *= 2  # full: grown, the line read again
