@@ -153,10 +153,12 @@ def _scanned(buf: np.ndarray, lines: int):
   ping = np.flatnonzero(kinds == PING)
   if not len(ping):
     return kinds, starts, first_rows, dups, rows
-  first = pa.array(first_rows[ping])
-  version = rows.column("ip_version").take(first).to_numpy()
-  fits = reference.addresses_fit(rows.column("src_addr").take(first), version)
-  fits &= reference.addresses_fit(rows.column("dst_addr").take(first), version)
+  first = rows.select(["src_addr", "dst_addr", "ip_version"])
+  if len(ping) < rows.num_rows:  # else each result has one row: its first rows are all rows
+    first = first.take(pa.array(first_rows[ping]))
+  version = first.column("ip_version").to_numpy()
+  fits = reference.addresses_fit(first.column("src_addr"), version)
+  fits &= reference.addresses_fit(first.column("dst_addr"), version)
   if fits.all():
     return kinds, starts, first_rows, dups, rows
   handed = ping[~fits]
