@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from maxtext_netdata.data.raw import schema
 from maxtext_netdata.data.ripe import reference, scan
 from maxtext_netdata.data.ripe.ingest import ingest
 from maxtext_netdata.errors import DataError
@@ -447,6 +448,8 @@ def test_ingest_gives_the_independent_readers_rows_and_bad_lines(tmp_path, corpu
   options = dict(block_bytes=4_000, run_rows=1_500, progress=False, readers=2)
   summary = ingest([str(path)], str(tmp_path / "out"), skip_bad=True, **options)
   assert _written(tmp_path / "out") == _in_time_order(expected.rows)
+  for shard in glob.glob(str(tmp_path / "out" / "*.parquet")):  # what prepare accepts
+    schema.validate_table(pq.read_table(shard), source=shard)
   counts = summary.counts
   assert counts.bad_lines == len(expected.bad)
   assert (counts.other_types, counts.duplicates) == (expected.other_types, expected.duplicates)
