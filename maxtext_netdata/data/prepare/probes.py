@@ -9,14 +9,12 @@ dictionaries repeat, and hashes each key once per process (`_KnownHashes`).
 
 from __future__ import annotations
 
-import hashlib
-
 import numba
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxtext_netdata.data.raw import ip_text, schema
+from maxtext_netdata.data.raw import ip_text, probe_hash, schema
 from maxtext_netdata.kernels import hash_table, kernel_cache
 
 kernel_cache.install()  # cached kernels keyed on every project file imported
@@ -44,7 +42,7 @@ class _KnownHashes:
     entries, new = self.table.lookup(padded.view(np.uint64))
     if len(new):
       stored = self.table.key_words[new.start : new.stop].view(np.uint8)[:, :17]
-      digests = b"".join(hashlib.blake2b(key.tobytes(), digest_size=8).digest() for key in stored)
+      digests = b"".join(probe_hash.digest(key.tobytes()) for key in stored)
       self.table.values[new.start : new.stop] = np.frombuffer(digests, np.uint8).reshape(-1, 8)
     return entries, self.table.values[entries].view(">u8")[:, 0].astype(np.uint64)
 
