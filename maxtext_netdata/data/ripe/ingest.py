@@ -15,7 +15,8 @@ names and renamed; the `.complete` marker (JSON: counts and files) comes last, a
 an earlier run in the folder are replaced. A run that fails (bad input, a full disk) removes
 the shards it wrote; a failed write raises OSError naming the file (`errors.WritesTo`).
 
-Inputs are read block by block by `data.ripe.blocks`.
+Inputs are read block by block by `data.ripe.blocks`. With a `sample.Sample`, only the
+results of its probes and time window give rows (both mapping paths apply it per result).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import datetime
 import os
 import shutil
 import tempfile
@@ -46,6 +48,7 @@ from maxtext_netdata.data.raw.layout import (
 from maxtext_netdata.data.ripe import reference
 from maxtext_netdata.data.ripe import scan as ripe_scan
 from maxtext_netdata.data.ripe.blocks import iter_blocks
+from maxtext_netdata.data.ripe.sample import Sample, probe_keys
 from maxtext_netdata.errors import DataError, UserError, WritesTo
 
 BLOCK_BYTES = 16 << 20
@@ -69,13 +72,21 @@ class Summary:
   counts: reference.Counts
   files: list[str]
   seconds: float
+  sample: Sample | None = None
+  probes: int = 0  # probes with a row written, counted when sampling
 
   def line(self) -> str:
     c = self.counts
+    kept = ""
+    if self.sample is not None:
+      kept = (
+        f" {c.kept:,} results of {self.probes:,} probes kept ({c.left_out:,} left out by the"
+        " sample),"
+      )
     return (
-      f"ingest: {c.results:,} results read, {c.rows:,} rows written in {len(self.files)} files,"
-      f" {c.other_types:,} results of other types skipped, {c.duplicates:,} duplicates"
-      f" dropped, {c.bad_lines:,} bad lines ({self.seconds:.1f} s)"
+      f"ingest: {c.results:,} results read,{kept} {c.rows:,} rows written in"
+      f" {len(self.files)} files, {c.other_types:,} results of other types skipped,"
+      f" {c.duplicates:,} duplicates dropped, {c.bad_lines:,} bad lines ({self.seconds:.1f} s)"
     )
 
 
@@ -189,7 +200,9 @@ def _merge(runs: list[str]):
     pending, readers = pending_next, readers_next
 
 
-def _mapped_blocks(entries, options, block_bytes, bar, counts, skip_bad, readers, scan=True):
+def _mapped_blocks(
+  entries, options, block_bytes, bar, counts, skip_bad, readers, scan=True, sample=None
+):
   """Row tables of every block of every input, in input order, mapped in `readers` threads.
 
   Each block is mapped with its own counts, added to `counts` in order, so the first bad
@@ -201,7 +214,7 @@ def _mapped_blocks(entries, options, block_bytes, bar, counts, skip_bad, readers
   def mapped(block, uri):
     block_counts = reference.Counts()
     rows_of_block = ripe_scan.rows_of_block if scan else reference.rows_of_block
-    return rows_of_block(block, uri, block_counts, skip_bad), block_counts
+    return rows_of_block(block, uri, block_counts, skip_bad, sample), block_counts
 
   def done(future) -> pa.Table:
     table, block_counts = future.result()
@@ -234,13 +247,16 @@ def ingest(
   progress: bool = True,
   readers: int = 0,
   scan: bool = True,
+  sample: Sample | None = None,
 ) -> Summary:
   """Read every input (files or globs, in name order) and write time-sorted parquet shards.
 
   `shards` 0 picks one file per SHARD_ROWS rows; `readers` 0 maps blocks in up to READERS
-  threads (one per core); `scan` False maps every line with the reference path (`ripe_json`)
-  instead of the compiled scanner, for comparison. Raises DataError for bad input (naming the
-  file and line) and for input holding no ping row; `out_dir` then has no `.complete`.
+  threads (one per core); `scan` False maps every line with the reference path
+  (`data.ripe.reference`) instead of the compiled scanner, for comparison; `sample` keeps the
+  results of its probes and time window only (`data.ripe.sample`). Raises DataError for bad
+  input (naming the file and line) and for input holding no ping row; `out_dir` then has no
+  `.complete`.
   """
   started = time.perf_counter()
   if scan:
@@ -261,10 +277,15 @@ def ingest(
   )
   writer = None
   try:
-    runs, buffer, buffered = [], [], 0
-    tables = _mapped_blocks(entries, options, block_bytes, bar, counts, skip_bad, readers, scan)
+    runs, buffer, buffered, probes = [], [], 0, set()
+    tables = _mapped_blocks(
+      entries, options, block_bytes, bar, counts, skip_bad, readers, scan, sample
+    )
     with contextlib.closing(tables):
       for table in tables:
+        if sample is not None:
+          versions = table.column("ip_version").to_numpy()
+          probes.update(probe_keys(table.column("src_addr"), versions).tolist())
         buffer.append(table)
         buffered += table.num_rows
         if buffered >= run_rows:
@@ -272,7 +293,8 @@ def ingest(
           buffer, buffered = [], 0
     bar.close()
     if counts.rows == 0:
-      raise DataError(f"{', '.join(inputs)}: no ping result gave a row")
+      within = " in the sample" if sample is not None else ""
+      raise DataError(f"{', '.join(inputs)}: no ping result{within} gave a row")
     shards = min(shards or -(-counts.rows // SHARD_ROWS), counts.rows)
     writer = _ShardWriter(out_dir, counts.rows, shards)
     if buffer and not runs:
@@ -285,11 +307,13 @@ def ingest(
         writer.write(piece)
     paths = writer.close()
     writer = None
-    summary = Summary(counts, paths, time.perf_counter() - started)
+    summary = Summary(counts, paths, time.perf_counter() - started, sample, len(probes))
+    kept = {"sample": {**dataclasses.asdict(sample), "probes": len(probes)}} if sample else {}
     write_complete_marker(
       out_dir,
       {
         **dataclasses.asdict(counts),
+        **kept,
         "inputs": inputs,
         "files": [os.path.basename(p) for p in paths],
       },
@@ -323,11 +347,50 @@ def add_arguments(parser) -> None:
   parser.add_argument(
     "--skip-bad", action="store_true", help="skip and count bad lines instead of stopping"
   )
+  parser.add_argument(
+    "--probe-fraction",
+    type=float,
+    default=1.0,
+    metavar="F",
+    help="keep the results of a share F of the probes, chosen by probe hash (whole probes:"
+    " the same on every file and machine; default 1: all)",
+  )
+  parser.add_argument(
+    "--since", metavar="TIME", help="keep results at or after TIME (ISO 8601, UTC unless given)"
+  )
+  parser.add_argument("--until", metavar="TIME", help="keep results before TIME (ISO 8601)")
+
+
+def _seconds(text: str | None, flag: str) -> int | None:
+  """Unix seconds of an ISO 8601 time (a date, or a date and time; UTC unless it says)."""
+  if text is None:
+    return None
+  try:
+    when = datetime.datetime.fromisoformat(text)
+  except ValueError:
+    raise UserError(f"{flag}: {text!r} is not an ISO 8601 time (2025-07-01T12:00:00Z)") from None
+  if when.tzinfo is None:
+    when = when.replace(tzinfo=datetime.UTC)
+  return int(when.timestamp())
+
+
+def sample_of(args) -> Sample | None:
+  """The sample `--probe-fraction`, `--since` and `--until` ask for; None when they ask none."""
+  if not 0 < args.probe_fraction <= 1:
+    raise UserError(f"--probe-fraction must be in (0, 1], got {args.probe_fraction}")
+  since, until = _seconds(args.since, "--since"), _seconds(args.until, "--until")
+  if since is not None and until is not None and until <= since:
+    raise UserError(f"--until ({args.until}) must be after --since ({args.since})")
+  if args.probe_fraction == 1 and since is None and until is None:
+    return None
+  return Sample(args.probe_fraction, since, until)
 
 
 def run(args) -> int:
   if args.shards < 0:
     raise UserError(f"--shards must be >= 0, got {args.shards}")
-  summary = ingest(args.inputs, args.out, shards=args.shards, skip_bad=args.skip_bad)
+  summary = ingest(
+    args.inputs, args.out, shards=args.shards, skip_bad=args.skip_bad, sample=sample_of(args)
+  )
   print(f"{summary.line()} to {args.out}")
   return 0

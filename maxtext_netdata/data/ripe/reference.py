@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 from maxtext_netdata.data.raw import addresses, ip_text
 from maxtext_netdata.data.raw.layout import FAILED_RTT
+from maxtext_netdata.data.ripe.sample import Sample
 from maxtext_netdata.data.ripe.scanner import json_scan
 from maxtext_netdata.data.ripe.scanner.kernel import FIRST_SECOND, LAST_SECOND
 from maxtext_netdata.errors import DataError
@@ -94,8 +95,10 @@ class Counts:
   results: int = 0  # JSON objects read, of any type
   rows: int = 0
   other_types: int = 0
-  duplicates: int = 0
+  duplicates: int = 0  # of the results kept
   bad_lines: int = 0
+  kept: int = 0  # ping results that gave their rows (none for an empty `result` list)
+  left_out: int = 0  # usable ping results outside the `ingest` sample
 
 
 class Block(NamedTuple):
@@ -192,15 +195,18 @@ def addresses_fit(address: pa.Array, version: np.ndarray) -> np.ndarray:
   return ~addresses.parse_addresses(address, version, source="ingest", column_name="address")[1]
 
 
-def map_batch(batch: pa.RecordBatch, counts: Counts) -> tuple[pa.Table, np.ndarray]:
+def map_batch(
+  batch: pa.RecordBatch, counts: Counts, sample: Sample | None = None
+) -> tuple[pa.Table, np.ndarray]:
   """Rows (ROW_SCHEMA, in result order) of one batch of RESULT_SCHEMA, and its bad rows.
 
   A result is bad (docs/data_format.md) when it lacks what a row needs, or when a row of it
   would be one `prepare` refuses: a timestamp outside FIRST_SECOND..LAST_SECOND, a packet
   that is null or whose rtt is not finite (NaN, infinite: a duplicate's does not count), a
   non-finite `avg` that is used, or an address that is not one of the result's version.
-  Counts results, other types and duplicates into `counts` (rows and bad lines are the
-  caller's: it decides whether bad rows are an error).
+  A usable result outside `sample` gives no row and is counted as left out. Counts results,
+  other types, duplicates, results kept and left out into `counts` (rows and bad lines are
+  the caller's: it decides whether bad rows are an error).
   """
   counts.results += batch.num_rows
   other = pc.fill_null(pc.not_equal(batch.column("type"), "ping"), False).to_numpy(
@@ -244,6 +250,12 @@ def map_batch(batch: pa.RecordBatch, counts: Counts) -> tuple[pa.Table, np.ndarr
   )
   bad = np.flatnonzero(~other & ~usable)
   good = ~other & usable
+  if sample is not None:
+    seconds = pc.fill_null(timestamp, 0).to_numpy()
+    outside = good & ~sample.keeps(src, versions, seconds)
+    counts.left_out += int(outside.sum())
+    good &= ~outside
+  counts.kept += int(good.sum())
 
   take = good[parent]
   counts.duplicates += int((take & dup).sum())
@@ -402,8 +414,10 @@ def _screen_refuses_a_line(data: bytes) -> bool:
   return any(_screen(lines[i])[0] is not None for i in doubtful.tolist())
 
 
-def rows_of_block(block: Block, path: str, counts: Counts, skip_bad: bool) -> pa.Table:
-  """Rows of a block of newline-delimited results.
+def rows_of_block(
+  block: Block, path: str, counts: Counts, skip_bad: bool, sample: Sample | None = None
+) -> pa.Table:
+  """Rows of a block of newline-delimited results, of the results in `sample` if given.
 
   A bad line raises BadLine naming `path` and the line, or with `skip_bad` is counted and
   dropped.
@@ -426,7 +440,7 @@ def rows_of_block(block: Block, path: str, counts: Counts, skip_bad: bool) -> pa
   counts.bad_lines += len(bad_lines)
   tables, done = [], 0
   for batch in results.to_batches():
-    table, bad = map_batch(batch, counts)
+    table, bad = map_batch(batch, counts, sample)
     if len(bad):
       if lines is None:
         lines = _row_lines(data)

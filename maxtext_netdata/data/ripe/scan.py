@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from maxtext_netdata.data.ripe import reference
+from maxtext_netdata.data.ripe.sample import Sample
 from maxtext_netdata.data.ripe.scanner.kernel import (
   BLANK,
   DST,
@@ -139,9 +140,10 @@ def load(notice_after_s: float = 2.0) -> None:
     notice.cancel()
 
 
-def _scanned(buf: np.ndarray, lines: int):
-  """(kinds, starts, first_rows, dups, rows): `scan_block`'s, its rows as one ROW_SCHEMA
-  table, with the ping results whose addresses are not of their version handed over.
+def _scanned(buf: np.ndarray, lines: int, sample: Sample | None = None):
+  """(kinds, starts, first_rows, dups, rows, left_out): `scan_block`'s, its rows as one
+  ROW_SCHEMA table, with the ping results whose addresses are not of their version handed
+  over, and the rows of those outside `sample` dropped (`left_out` of them).
 
   The kernel does not parse addresses; they are checked here by `prepare`'s own parser, on
   each result's first row (every result the kernel maps has one), and the lines of the
@@ -152,51 +154,66 @@ def _scanned(buf: np.ndarray, lines: int):
   rows = _table(buf, scanned)
   ping = np.flatnonzero(kinds == PING)
   if not len(ping):
-    return kinds, starts, first_rows, dups, rows
-  first = rows.select(["src_addr", "dst_addr", "ip_version"])
+    return kinds, starts, first_rows, dups, rows, 0
+  first = rows.select(["src_addr", "dst_addr", "ip_version", "event_time"])
   if len(ping) < rows.num_rows:  # else each result has one row: its first rows are all rows
     first = first.take(pa.array(first_rows[ping]))
   version = first.column("ip_version").to_numpy()
-  fits = reference.addresses_fit(first.column("src_addr"), version)
-  fits &= reference.addresses_fit(first.column("dst_addr"), version)
-  if fits.all():
-    return kinds, starts, first_rows, dups, rows
-  handed = ping[~fits]
-  kinds[handed], dups[handed] = HANDED, 0
+  keep = reference.addresses_fit(first.column("src_addr"), version)
+  keep &= reference.addresses_fit(first.column("dst_addr"), version)
+  kinds[ping[~keep]] = HANDED
+  left_out = 0
+  if sample is not None:
+    seconds = first.column("event_time").cast(pa.int64()).to_numpy()
+    outside = keep & ~sample.keeps(first.column("src_addr"), version, seconds)
+    left_out = int(outside.sum())
+    keep &= ~outside
+  if keep.all():
+    return kinds, starts, first_rows, dups, rows, 0
+  dropped = ping[~keep]
+  dups[dropped] = 0
   line_rows = np.diff(first_rows)
-  line_rows[handed] = 0
-  rows = rows.filter(pa.array(np.repeat(kinds != HANDED, np.diff(first_rows))))
+  kept_lines = np.ones(len(kinds), bool)
+  kept_lines[dropped] = False
+  rows = rows.filter(pa.array(np.repeat(kept_lines, line_rows)))
+  line_rows[dropped] = 0
   first_rows = np.concatenate(([0], np.cumsum(line_rows)))
-  return kinds, starts, first_rows, dups, rows
+  return kinds, starts, first_rows, dups, rows, left_out
 
 
 def scan(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, pa.Table]:
   """(kinds, starts, first_rows, dups, rows) of a block of newline-delimited results: each
   line's kind, start, first row and duplicates dropped, and the rows as one ROW_SCHEMA table."""
   buf = _bytes_of(_newline_ended(data))
-  return _scanned(buf, reference.count_newlines(buf))
+  return _scanned(buf, reference.count_newlines(buf))[:5]
 
 
 def rows_of_block(
-  block: reference.Block, path: str, counts: reference.Counts, skip_bad: bool
+  block: reference.Block,
+  path: str,
+  counts: reference.Counts,
+  skip_bad: bool,
+  sample: Sample | None = None,
 ) -> pa.Table:
   """`reference.rows_of_block`'s rows and counts, the lines the scanner takes read by it."""
   data = block.data
   if len(data) >= 2**31:  # `_table`'s int32 offsets: a block of lines over 2 GiB goes whole
-    return reference.rows_of_block(block, path, counts, skip_bad)
+    return reference.rows_of_block(block, path, counts, skip_bad, sample)
   lines = block.newlines + (len(data) == 0 or memoryview(data)[-1] != NEWLINE)
   data = _newline_ended(data)
   buf = _bytes_of(data)
-  kinds, starts, first_rows, dups, rows = _scanned(buf, lines)
+  kinds, starts, first_rows, dups, rows, left_out = _scanned(buf, lines, sample)
   handed = kinds == HANDED
   # Runs of handed-over lines: [begin, end) line ranges.
   edges = np.flatnonzero(np.diff(np.concatenate(([0], handed.view(np.int8), [0]))))
   runs = edges.reshape(-1, 2)
   if len(runs) > _MAX_RUNS:
-    return reference.rows_of_block(block, path, counts, skip_bad)
+    return reference.rows_of_block(block, path, counts, skip_bad, sample)
   counts.results += int(np.count_nonzero((kinds == PING) | (kinds == OTHER)))
   counts.other_types += int(np.count_nonzero(kinds == OTHER))
   counts.duplicates += int(dups.sum())
+  counts.kept += int(np.count_nonzero(kinds == PING)) - left_out
+  counts.left_out += left_out
   counts.rows += rows.num_rows
   if not len(runs):
     return rows
@@ -208,7 +225,7 @@ def rows_of_block(
       piece = bytes(memoryview(data)[starts[begin] : starts[end]])
       newlines = piece.count(b"\n")
       run = reference.Block(piece, block.first_line + begin, newlines, block.unit)
-      tables.append(reference.rows_of_block(run, path, counts, skip_bad))
+      tables.append(reference.rows_of_block(run, path, counts, skip_bad, sample))
     line = end
   if not tables:
     return reference.ROW_SCHEMA.empty_table()
