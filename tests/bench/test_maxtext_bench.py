@@ -21,6 +21,10 @@ from maxtext_netdata.bench import profile as bench_profile  # noqa: E402
 from maxtext_netdata.bench import report as bench_report  # noqa: E402
 from maxtext_netdata.bench import text_corpus  # noqa: E402
 
+# Every test here starts MaxText (seconds of import each): the full suite runs them, the fast
+# loop (`scripts/test.sh --fast`) leaves them out.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = str(ROOT / "configs" / "maxtext" / "bench_text.yml")
 

@@ -81,6 +81,7 @@ def test_registered_type_trains_through_our_trainer(tmp_path, toy):
   assert len(toy.made) == 1 and train_iterator.get_state() == {"index": 3}
 
 
+@pytest.mark.slow  # imports MaxText
 def test_registered_type_passes_maxtext_config_validation(toy):
   pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
   from maxtext.configs import pyconfig  # noqa: PLC0415

@@ -27,6 +27,10 @@ from maxtext_netdata.errors import ConfigError  # noqa: E402
 from maxtext_netdata.maxtext import patch_checkpoints  # noqa: E402
 from maxtext_netdata.maxtext import plugin as maxtext_plugin  # noqa: E402
 
+# Every test here starts MaxText (seconds of import each): the full suite runs them, the fast
+# loop (`scripts/test.sh --fast`) leaves them out.
+pytestmark = pytest.mark.slow
+
 TINY = [*TINY_MODEL, "log_period=1", "async_checkpointing=false"]
 
 

@@ -116,6 +116,7 @@ def test_loss_falls_and_outputs_are_written(tmp_path):
   assert json.loads((tmp_path / "smoke" / "summary.json").read_text()) == summary
 
 
+@pytest.mark.slow  # 30 steps of the smoke model; the resume tests train in the fast loop
 def test_smoke_model_learns_from_the_sample_data(tmp_path, sample_dir):
   cfg = config.load(
     "configs/smoke.yml",
