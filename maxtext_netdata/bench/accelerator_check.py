@@ -28,7 +28,6 @@ printed are a short table.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import platform
 import shutil
@@ -46,8 +45,15 @@ import numpy as np
 import psutil
 
 from maxtext_netdata import config
-from maxtext_netdata.bench import accelerators, benchmark, flops, loading, render
-from maxtext_netdata.bench.report import WARMUP_STEPS, ms
+from maxtext_netdata.bench import (
+  accelerator_report,
+  accelerators,
+  benchmark,
+  flops,
+  loading,
+  render,
+)
+from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.config import Config
 from maxtext_netdata.trainer import model
 
@@ -178,7 +184,7 @@ def run(args: argparse.Namespace) -> dict:
   jax.config.update("jax_compilation_cache_dir", str(cache))
 
   env = environment(args.peak_tflops)
-  _progress(_environment_line(env, env["packages"]))
+  _progress(accelerator_report.environment_line(env, env["packages"]))
   overrides = [
     *sizes.overrides,
     *args.overrides,
@@ -252,7 +258,7 @@ def run(args: argparse.Namespace) -> dict:
     needs=("synthetic",),
   )
   save()
-  print(format_table(report), flush=True)
+  print(accelerator_report.format_table(report), flush=True)
   return report
 
 
@@ -396,7 +402,9 @@ def write_outputs(bench: dict, bench_dir: Path, out: Path) -> dict:
   trace = _newest(bench_dir / "real" / "profile", "perfetto_trace.json.gz")
   return {
     "plot": str(plot),
-    "trace": trim_trace(trace, out / "trace.json.gz", TRACE_BYTES) if trace else None,
+    "trace": accelerator_report.trim_trace(trace, out / "trace.json.gz", TRACE_BYTES)
+    if trace
+    else None,
   }
 
 
@@ -452,138 +460,6 @@ def _sweep_entry(run: dict) -> dict:
   return {**{key: run[key] for key in keys}, "step_time_s": run["step_time"]["median"]}
 
 
-def trim_trace(source: Path, target: Path, max_bytes: int) -> dict:
-  """Writes the Perfetto trace `source` (gzipped JSON) to `target`, cut to the events around
-  its middle (steady steps) that gzip to `max_bytes` or less.
-
-  Metadata events (process and thread names) are kept. The first cut keeps the share of the
-  events that `max_bytes` is of the source file; each further one shrinks it by the excess.
-  Returns where it went, how many events it kept of how many, and the seconds they span.
-  """
-  trace = json.loads(gzip.decompress(source.read_bytes()))
-  timed = sorted((e for e in trace["traceEvents"] if "ts" in e), key=lambda e: e["ts"])
-  untimed = [e for e in trace["traceEvents"] if "ts" not in e]
-  share = min(1.0, max_bytes / source.stat().st_size)
-  while True:
-    keep = int(len(timed) * share)
-    kept = timed[(len(timed) - keep) // 2 :][:keep]
-    text = json.dumps({**trace, "traceEvents": untimed + kept}, separators=(",", ":"))
-    data = gzip.compress(text.encode(), compresslevel=6)
-    if len(data) <= max_bytes or not kept:
-      break
-    share *= min(0.9, max_bytes / len(data))
-  target.write_bytes(data)
-  return {
-    "path": str(target),
-    "source": str(source),
-    "events": len(kept),
-    "of_events": len(timed),
-    # Perfetto's timestamps are microseconds.
-    "span_s": (kept[-1]["ts"] - kept[0]["ts"]) / 1e6 if kept else 0.0,
-  }
-
-
-def format_table(report: dict) -> str:
-  """The report's short table: one line per part, the errors and skipped parts last."""
-  env, shape = report["environment"], report["model"]
-  peak = f"{env['peak_tflops']:g} TFLOP/s" if env["peak_tflops"] else "no known peak: no MFU"
-  rows = [
-    ("device", _environment_line(env, {k: env["packages"].get(k) for k in ("jax", "jaxlib")})),
-    (
-      "model",
-      f"{shape['params'] / 1e6:.1f}M params, {shape['flops_per_token'] / 1e9:.3g} GFLOP per"
-      f" token ({shape['attention_flops_per_token'] / shape['flops_per_token']:.0%}"
-      f" attention), batch {shape['sequences']} x {shape['max_target_length']}, {peak}",
-    ),
-  ]
-  synthetic = report["synthetic"]
-  if synthetic:
-    rows.append(
-      (
-        "synthetic",
-        f"first step {ms(synthetic['first_step_s'])} (compile), median"
-        f" {ms(synthetic['step_time']['median'])}, {synthetic['tokens_per_s']:,.0f} tokens/s,"
-        f" MFU {_share(synthetic['mfu'])} (real tokens {_share(synthetic['mfu_real_tokens'])}),"
-        f" memory {_gib(synthetic['device_memory_peak_bytes'])}"
-        f" of {_gib(env['device_memory_bytes'])}",
-      )
-    )
-  data = report["data"]
-  if data:
-    rows.append(
-      (
-        "data",
-        f"{data['rows']:,} rows generated in {data['generate_s']:.1f} s, prepared in"
-        f" {data['prepare_s']:.1f} s",
-      )
-    )
-  network = report["network"]
-  if network:
-    ratio = network["step_ratio_to_synthetic"]
-    rows.append(
-      (
-        "network_grain",
-        f"median {ms(network['step_time']['median'])}, data wait"
-        f" {network['data_wait_share']:.1%} of the step, network/synthetic"
-        f" {'n/a' if ratio is None else f'{ratio:.3f}'},"
-        f" MFU real tokens {_share(network['mfu_real_tokens'])}",
-      )
-    )
-  bench = report["bench"]
-  if bench:
-    rows.append(("verdict", bench["verdict"]["kind"]))
-    profile = bench["profile"]
-    if profile and "error" not in profile:
-      gaps = profile["gaps"]
-      rows.append(
-        (
-          "profile",
-          f"idle {profile['idle_share']['median']:.0%} of a step (median, max"
-          f" {profile['idle_share']['max']:.0%}); {gaps['count']} gaps, {ms(gaps['seconds'])};"
-          f" host waiting on: {profile['host_waiting_on'] or 'nothing'}",
-        )
-      )
-    elif profile:
-      rows.append(("profile", f"not measured: {profile['error']}"))
-    rows.append(
-      (
-        "loading alone",
-        ", ".join(
-          f"{s['workers']} workers {s['real_tokens_per_s'] / 1e6:.1f}M" for s in report["loading"]
-        )
-        + " real tokens/s",
-      )
-    )
-  sweep = report["batch_sweep"]
-  if sweep:
-    entries = [
-      f"{r['per_device_batch_size']:g}: failed"
-      if "error" in r
-      else f"{r['per_device_batch_size']:g}: {r['tokens_per_s']:,.0f} tokens/s, MFU {_share(r['mfu'])}"
-      for r in sweep["runs"]
-    ]
-    stopped = f" ({sweep['stopped']})" if sweep["stopped"] else ""
-    rows.append(("batch sweep", "; ".join(entries) + f"; best {sweep['best']:g}{stopped}"))
-  for name, error in report["errors"].items():
-    rows.append((f"{name} failed", error))
-  for name, why in report["skipped"].items():
-    rows.append((f"{name} skipped", why))
-  width = max(len(k) for k, _ in rows)
-  lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
-  lines.append(f"{'elapsed'.ljust(width)}  {report['elapsed_s']:.0f} s; outputs in {report['out']}")
-  return "\n".join(lines)
-
-
-def _environment_line(env: dict, packages: dict[str, str | None]) -> str:
-  """Devices, chip, host and the versions of `packages`, in one line."""
-  chip = env["chip"] or "not a listed chip"
-  versions = ", ".join(f"{name} {version}" for name, version in packages.items())
-  return (
-    f"{env['devices']} x {env['device_kind']} ({env['platform']}, {chip}), {env['cpu_cores']}"
-    f" cores, {env['host_memory_bytes'] / 2**30:.0f} GiB; python {env['python']}, {versions}"
-  )
-
-
 def _version(name: str) -> str | None:
   try:
     return metadata.version(name)
@@ -599,14 +475,6 @@ def _newest(folder: Path, name: str) -> Path | None:
 def _error_line(error: BaseException) -> str:
   lines = str(error).strip().splitlines()
   return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]
-
-
-def _share(value: float | None) -> str:
-  return "n/a" if value is None else f"{value:.1%}"
-
-
-def _gib(value: int | None) -> str:
-  return "n/a" if value is None else f"{value / 2**30:.1f} GiB"
 
 
 def _progress(message: str) -> None:

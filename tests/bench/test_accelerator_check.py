@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from maxtext_netdata import config
-from maxtext_netdata.bench import accelerator_check, accelerators, flops
+from maxtext_netdata.bench import accelerator_check, accelerator_report, accelerators, flops
 from maxtext_netdata.bench import report as bench_report
 from tests.helpers import REPO
 
@@ -186,7 +186,7 @@ def test_trimmed_trace_keeps_the_middle_and_the_names_within_the_size(tmp_path):
   source, target = tmp_path / "perfetto_trace.json.gz", tmp_path / "trace.json.gz"
   _trace(source, 200_000)
   max_bytes = source.stat().st_size // 10
-  info = accelerator_check.trim_trace(source, target, max_bytes)
+  info = accelerator_report.trim_trace(source, target, max_bytes)
   assert 0 < target.stat().st_size <= max_bytes
   trace = json.loads(gzip.decompress(target.read_bytes()))
   assert trace["displayTimeUnit"] == "ns"
@@ -201,5 +201,5 @@ def test_trimmed_trace_keeps_the_middle_and_the_names_within_the_size(tmp_path):
 def test_small_trace_is_kept_whole(tmp_path):
   source, target = tmp_path / "perfetto_trace.json.gz", tmp_path / "trace.json.gz"
   _trace(source, 100)
-  info = accelerator_check.trim_trace(source, target, accelerator_check.TRACE_BYTES)
+  info = accelerator_report.trim_trace(source, target, accelerator_check.TRACE_BYTES)
   assert info["events"] == info["of_events"] == 100

@@ -1,0 +1,152 @@
+"""What the accelerator check writes besides report.json: the profile trace trimmed to a size
+that travels back from a device machine (`trim_trace`) and the short table its run ends with
+(`format_table`). `accelerator_check` measures; this module only formats and trims.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from maxtext_netdata.bench.report import ms
+
+
+def trim_trace(source: Path, target: Path, max_bytes: int) -> dict:
+  """Writes the Perfetto trace `source` (gzipped JSON) to `target`, cut to the events around
+  its middle (steady steps) that gzip to `max_bytes` or less.
+
+  Metadata events (process and thread names) are kept. The first cut keeps the share of the
+  events that `max_bytes` is of the source file; each further one shrinks it by the excess.
+  Returns where it went, how many events it kept of how many, and the seconds they span.
+  """
+  trace = json.loads(gzip.decompress(source.read_bytes()))
+  timed = sorted((e for e in trace["traceEvents"] if "ts" in e), key=lambda e: e["ts"])
+  untimed = [e for e in trace["traceEvents"] if "ts" not in e]
+  share = min(1.0, max_bytes / source.stat().st_size)
+  while True:
+    keep = int(len(timed) * share)
+    kept = timed[(len(timed) - keep) // 2 :][:keep]
+    text = json.dumps({**trace, "traceEvents": untimed + kept}, separators=(",", ":"))
+    data = gzip.compress(text.encode(), compresslevel=6)
+    if len(data) <= max_bytes or not kept:
+      break
+    share *= min(0.9, max_bytes / len(data))
+  target.write_bytes(data)
+  return {
+    "path": str(target),
+    "source": str(source),
+    "events": len(kept),
+    "of_events": len(timed),
+    # Perfetto's timestamps are microseconds.
+    "span_s": (kept[-1]["ts"] - kept[0]["ts"]) / 1e6 if kept else 0.0,
+  }
+
+
+def format_table(report: dict) -> str:
+  """The report's short table: one line per part, the errors and skipped parts last."""
+  env, shape = report["environment"], report["model"]
+  peak = f"{env['peak_tflops']:g} TFLOP/s" if env["peak_tflops"] else "no known peak: no MFU"
+  rows = [
+    ("device", environment_line(env, {k: env["packages"].get(k) for k in ("jax", "jaxlib")})),
+    (
+      "model",
+      f"{shape['params'] / 1e6:.1f}M params, {shape['flops_per_token'] / 1e9:.3g} GFLOP per"
+      f" token ({shape['attention_flops_per_token'] / shape['flops_per_token']:.0%}"
+      f" attention), batch {shape['sequences']} x {shape['max_target_length']}, {peak}",
+    ),
+  ]
+  synthetic = report["synthetic"]
+  if synthetic:
+    rows.append(
+      (
+        "synthetic",
+        f"first step {ms(synthetic['first_step_s'])} (compile), median"
+        f" {ms(synthetic['step_time']['median'])}, {synthetic['tokens_per_s']:,.0f} tokens/s,"
+        f" MFU {share(synthetic['mfu'])} (real tokens {share(synthetic['mfu_real_tokens'])}),"
+        f" memory {gib(synthetic['device_memory_peak_bytes'])}"
+        f" of {gib(env['device_memory_bytes'])}",
+      )
+    )
+  data = report["data"]
+  if data:
+    rows.append(
+      (
+        "data",
+        f"{data['rows']:,} rows generated in {data['generate_s']:.1f} s, prepared in"
+        f" {data['prepare_s']:.1f} s",
+      )
+    )
+  network = report["network"]
+  if network:
+    ratio = network["step_ratio_to_synthetic"]
+    rows.append(
+      (
+        "network_grain",
+        f"median {ms(network['step_time']['median'])}, data wait"
+        f" {network['data_wait_share']:.1%} of the step, network/synthetic"
+        f" {'n/a' if ratio is None else f'{ratio:.3f}'},"
+        f" MFU real tokens {share(network['mfu_real_tokens'])}",
+      )
+    )
+  bench = report["bench"]
+  if bench:
+    rows.append(("verdict", bench["verdict"]["kind"]))
+    profile = bench["profile"]
+    if profile and "error" not in profile:
+      gaps = profile["gaps"]
+      rows.append(
+        (
+          "profile",
+          f"idle {profile['idle_share']['median']:.0%} of a step (median, max"
+          f" {profile['idle_share']['max']:.0%}); {gaps['count']} gaps, {ms(gaps['seconds'])};"
+          f" host waiting on: {profile['host_waiting_on'] or 'nothing'}",
+        )
+      )
+    elif profile:
+      rows.append(("profile", f"not measured: {profile['error']}"))
+    rows.append(
+      (
+        "loading alone",
+        ", ".join(
+          f"{s['workers']} workers {s['real_tokens_per_s'] / 1e6:.1f}M" for s in report["loading"]
+        )
+        + " real tokens/s",
+      )
+    )
+  sweep = report["batch_sweep"]
+  if sweep:
+    entries = [
+      f"{r['per_device_batch_size']:g}: failed"
+      if "error" in r
+      else f"{r['per_device_batch_size']:g}: {r['tokens_per_s']:,.0f} tokens/s, MFU {share(r['mfu'])}"
+      for r in sweep["runs"]
+    ]
+    stopped = f" ({sweep['stopped']})" if sweep["stopped"] else ""
+    rows.append(("batch sweep", "; ".join(entries) + f"; best {sweep['best']:g}{stopped}"))
+  for name, error in report["errors"].items():
+    rows.append((f"{name} failed", error))
+  for name, why in report["skipped"].items():
+    rows.append((f"{name} skipped", why))
+  width = max(len(k) for k, _ in rows)
+  lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+  lines.append(f"{'elapsed'.ljust(width)}  {report['elapsed_s']:.0f} s; outputs in {report['out']}")
+  return "\n".join(lines)
+
+
+def environment_line(env: dict, packages: dict[str, str | None]) -> str:
+  """Devices, chip, host and the versions of `packages`, in one line."""
+  chip = env["chip"] or "not a listed chip"
+  versions = ", ".join(f"{name} {version}" for name, version in packages.items())
+  return (
+    f"{env['devices']} x {env['device_kind']} ({env['platform']}, {chip}), {env['cpu_cores']}"
+    f" cores, {env['host_memory_bytes'] / 2**30:.0f} GiB; python {env['python']}, {versions}"
+  )
+
+
+def share(value: float | None) -> str:
+  return "n/a" if value is None else f"{value:.1%}"
+
+
+def gib(value: int | None) -> str:
+  return "n/a" if value is None else f"{value / 2**30:.1f} GiB"
