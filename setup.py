@@ -49,6 +49,8 @@ EXTRAS_REQUIRE = {
   "maxtext": [
     "maxtext>=0.2.5,<0.3",
     "aqtp>=0.9,<0.10",
+    # MaxText's dataset_type=hf reads local parquet/json through datasets.load_dataset.
+    "datasets>=5.2,<6",
     "drjax>=0.2.1,<0.3",
     "huggingface-hub>=1.3,<3",
     "ml-collections>=1.1,<2",
