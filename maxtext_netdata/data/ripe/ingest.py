@@ -103,8 +103,26 @@ class _ShardWriter:
     self.ends = [rows * (k + 1) // shards for k in range(shards)]
     self.paths: list[str] = []
     self.writer, self.tmp, self.written = None, None, 0
+    self.pending, self.pending_rows = [], 0
 
   def write(self, table: pa.Table) -> None:
+    """Writes whole row groups of ROW_GROUP_SIZE rows (a shard's last one: the rest) whatever
+    the pieces given: the files are the same for one table or the merge's pieces, so they
+    depend on the rows alone (not on how many runs the merge had, nor on the runner)."""
+    self.pending.append(table)
+    self.pending_rows += table.num_rows
+    while self.pending_rows:
+      room = self.ends[len(self.paths) - (self.writer is not None)] - self.written
+      size = (
+        room if self.pending_rows >= room else self.pending_rows // ROW_GROUP_SIZE * ROW_GROUP_SIZE
+      )
+      if size == 0:
+        return
+      ready = pa.concat_tables(self.pending)
+      self.pending, self.pending_rows = [ready.slice(size)], self.pending_rows - size
+      self._write(ready.slice(0, size))
+
+  def _write(self, table: pa.Table) -> None:
     while table.num_rows:
       if self.writer is None:
         path = os.path.join(self.out_dir, FILE_PATTERN.format(len(self.paths), self.shards))
@@ -155,8 +173,9 @@ def _sorted(table: pa.Table) -> pa.Table:
   return table.take(pc.sort_indices(table, [("event_time", "ascending")]))
 
 
-def _write_run(tables: list[pa.Table], runs_dir: str, index: int) -> str:
-  path = os.path.join(runs_dir, f"run-{index:05d}.parquet")
+def _write_run(tables: list[pa.Table], runs_dir: str, index: int, prefix: str = "run") -> str:
+  """`tables` sorted by time (`_sorted`) into `runs_dir`/`prefix`-`index`.parquet."""
+  path = os.path.join(runs_dir, f"{prefix}-{index:05d}.parquet")
   table = _sorted(pa.concat_tables(tables))
   with WritesTo(path):
     pq.write_table(
@@ -171,33 +190,102 @@ def _write_run(tables: list[pa.Table], runs_dir: str, index: int) -> str:
 
 
 def _merge(runs: list[str]):
-  """The rows of time-sorted run files in time order, a bounded piece at a time.
+  """The rows of time-sorted run files in time order, a bounded piece at a time: equal times
+  in run order, then in their order in the run.
 
-  Each step takes the smallest last time among the runs' current batches: nothing later in
-  any run comes before it, so every buffered row up to it is final.
+  So the rows come out as one stable sort of all runs' rows in run order would give them,
+  however the rows were cut into runs (the built-in runner's runs of `run_rows`, the Beam
+  runner's runs of one file). Each step takes the smallest last time among the runs' current
+  batches (the bound): nothing later in any run comes before it. A run whose batches end at
+  the bound is read on until past it, so every row at the bound is there to be ordered.
   """
   readers = [pq.ParquetFile(path).iter_batches(batch_size=_MERGE_BATCH) for path in runs]
-  # Parquet has no seconds unit: runs come back in ms, the shards are written in seconds.
-  pending = [pa.Table.from_batches([next(r)]).cast(reference.ROW_SCHEMA) for r in readers]
+
+  def read(i: int) -> pa.Table | None:
+    batch = next(readers[i], None)
+    # Parquet has no seconds unit: runs come back in ms, the shards are written in seconds.
+    return None if batch is None else pa.Table.from_batches([batch]).cast(reference.ROW_SCHEMA)
+
+  def times_of(table: pa.Table) -> np.ndarray:
+    return table.column("event_time").cast(pa.int64()).to_numpy()
+
+  pending = {i: table for i in range(len(readers)) if (table := read(i)) is not None}
   while pending:
-    times = [t.column("event_time").cast(pa.int64()).to_numpy() for t in pending]
-    bound = min(t[-1] for t in times)
-    ready, keep = [], []
-    for i, table in enumerate(pending):
+    times = {i: times_of(table) for i, table in pending.items()}
+    bound = min(t[-1] for t in times.values())
+    for i in list(pending):
+      pieces = [pending[i]]
+      while times[i][-1] == bound and (more := read(i)) is not None:
+        pieces.append(more)
+        times[i] = times_of(more)
+      if len(pieces) > 1:
+        pending[i] = pa.concat_tables(pieces)
+        times[i] = times_of(pending[i])
+    ready = []
+    for i in list(pending):
       done = int(np.searchsorted(times[i], bound, side="right"))
-      ready.append(table.slice(0, done))
-      keep.append((i, table.slice(done)))
-    yield _sorted(pa.concat_tables(ready))
-    pending_next, readers_next = [], []
-    for i, rest in keep:
+      ready.append(pending[i].slice(0, done))
+      rest = pending[i].slice(done)
       if rest.num_rows == 0:
-        batch = next(readers[i], None)
-        if batch is None:
-          continue
-        rest = pa.Table.from_batches([batch]).cast(reference.ROW_SCHEMA)
-      pending_next.append(rest)
-      readers_next.append(readers[i])
-    pending, readers = pending_next, readers_next
+        rest = read(i)
+      if rest is None:
+        del pending[i]
+      else:
+        pending[i] = rest
+    yield _sorted(pa.concat_tables(ready))
+
+
+def gather_runs(tables, runs_dir, run_rows, sample, runs, probes, prefix="run") -> list[pa.Table]:
+  """Row `tables` into time-sorted run files of at least `run_rows` rows, appended to `runs`;
+  the probe keys of their rows added to `probes` when sampling. Returns the rows left over,
+  fewer than `run_rows` (the caller writes them as the last run, or alone sorts them)."""
+  buffer, buffered = [], 0
+  with contextlib.closing(tables):
+    for table in tables:
+      if sample is not None:
+        versions = table.column("ip_version").to_numpy()
+        probes.update(probe_keys(table.column("src_addr"), versions).tolist())
+      buffer.append(table)
+      buffered += table.num_rows
+      if buffered >= run_rows:
+        runs.append(_write_run(buffer, runs_dir, len(runs), prefix))
+        buffer, buffered = [], 0
+  return buffer
+
+
+def check_rows(counts: reference.Counts, inputs: list[str], sample: Sample | None) -> None:
+  """Raises DataError when no result gave a row: no dataset to write."""
+  if counts.rows == 0:
+    within = " in the sample" if sample is not None else ""
+    raise DataError(f"{', '.join(inputs)}: no ping result{within} gave a row")
+
+
+def shard_count(shards: int, rows: int) -> int:
+  """The files `rows` rows are written in: `shards`, 0 for one per SHARD_ROWS, at most `rows`."""
+  return min(shards or -(-rows // SHARD_ROWS), rows)
+
+
+def marker(counts, sample: Sample | None, probes: int, inputs: list[str], paths: list[str]) -> dict:
+  """The `.complete` marker's content: the counts, the sample, the inputs and the files."""
+  kept = {"sample": {**dataclasses.asdict(sample), "probes": probes}} if sample else {}
+  return {
+    **dataclasses.asdict(counts),
+    **kept,
+    "inputs": inputs,
+    "files": [os.path.basename(p) for p in paths],
+  }
+
+
+def write_shards(out_dir: str, runs: list[str], rows: int, shards: int) -> list[str]:
+  """The rows of time-sorted `runs` (`_write_run`'s, in input order), `rows` in all, merged
+  into `shards` files in `out_dir`; a file being written when this fails is removed."""
+  writer = _ShardWriter(out_dir, rows, shards)
+  try:
+    for piece in _merge(runs):
+      writer.write(piece)
+    return writer.close()
+  finally:
+    writer.abort()
 
 
 def _mapped_blocks(
@@ -277,26 +365,14 @@ def ingest(
   )
   writer = None
   try:
-    runs, buffer, buffered, probes = [], [], 0, set()
+    runs, probes = [], set()
     tables = _mapped_blocks(
       entries, options, block_bytes, bar, counts, skip_bad, readers, scan, sample
     )
-    with contextlib.closing(tables):
-      for table in tables:
-        if sample is not None:
-          versions = table.column("ip_version").to_numpy()
-          probes.update(probe_keys(table.column("src_addr"), versions).tolist())
-        buffer.append(table)
-        buffered += table.num_rows
-        if buffered >= run_rows:
-          runs.append(_write_run(buffer, runs_dir, len(runs)))
-          buffer, buffered = [], 0
+    buffer = gather_runs(tables, runs_dir, run_rows, sample, runs, probes)
     bar.close()
-    if counts.rows == 0:
-      within = " in the sample" if sample is not None else ""
-      raise DataError(f"{', '.join(inputs)}: no ping result{within} gave a row")
-    shards = min(shards or -(-counts.rows // SHARD_ROWS), counts.rows)
-    writer = _ShardWriter(out_dir, counts.rows, shards)
+    check_rows(counts, inputs, sample)
+    writer = _ShardWriter(out_dir, counts.rows, shard_count(shards, counts.rows))
     if buffer and not runs:
       writer.write(_sorted(pa.concat_tables(buffer)))
     else:
@@ -308,16 +384,7 @@ def ingest(
     paths = writer.close()
     writer = None
     summary = Summary(counts, paths, time.perf_counter() - started, sample, len(probes))
-    kept = {"sample": {**dataclasses.asdict(sample), "probes": len(probes)}} if sample else {}
-    write_complete_marker(
-      out_dir,
-      {
-        **dataclasses.asdict(counts),
-        **kept,
-        "inputs": inputs,
-        "files": [os.path.basename(p) for p in paths],
-      },
-    )
+    write_complete_marker(out_dir, marker(counts, sample, len(probes), inputs, paths))
   except BaseException:
     # Without the marker this run's shards are no dataset; removed, they give back their
     # space (a full disk) and cannot be taken for one.
@@ -359,6 +426,13 @@ def add_arguments(parser) -> None:
     "--since", metavar="TIME", help="keep results at or after TIME (ISO 8601, UTC unless given)"
   )
   parser.add_argument("--until", metavar="TIME", help="keep results before TIME (ISO 8601)")
+  parser.add_argument(
+    "--runner",
+    choices=("builtin", "beam"),
+    default="builtin",
+    help="builtin: this process; beam: an Apache Beam pipeline, one input file a worker (pip"
+    " install '.[beam]'), its options after `--` (DirectRunner by default); the same files",
+  )
 
 
 def _seconds(text: str | None, flag: str) -> int | None:
@@ -389,8 +463,21 @@ def sample_of(args) -> Sample | None:
 def run(args) -> int:
   if args.shards < 0:
     raise UserError(f"--shards must be >= 0, got {args.shards}")
-  summary = ingest(
-    args.inputs, args.out, shards=args.shards, skip_bad=args.skip_bad, sample=sample_of(args)
-  )
+  sample, beam_args = sample_of(args), getattr(args, "passthrough", [])
+  if getattr(args, "runner", "builtin") == "beam":
+    try:
+      from maxtext_netdata.data.ripe import beam_runner  # noqa: PLC0415 (an optional extra)
+    except ImportError as e:
+      raise UserError(f"--runner beam needs Apache Beam: pip install '.[beam]' ({e})") from None
+    summary = beam_runner.ingest(
+      args.inputs, args.out, beam_args=beam_args, shards=args.shards, skip_bad=args.skip_bad,
+      sample=sample,
+    )  # fmt: skip
+  elif beam_args:
+    raise UserError("options after `--` are Beam pipeline options: add --runner beam")
+  else:
+    summary = ingest(
+      args.inputs, args.out, shards=args.shards, skip_bad=args.skip_bad, sample=sample
+    )
   print(f"{summary.line()} to {args.out}")
   return 0
