@@ -27,6 +27,8 @@ INSTALL_REQUIRES = [
   "matplotlib>=3.9,<4",
   "psutil>=5.9,<8",
   "tqdm>=4.66,<5",
+  # `ingest`'s bz2 inputs (RIPE Atlas's dumps) decompressed on every core, blocks in parallel.
+  "indexed_bzip2>=1.7,<1.8",
   # `ingest`'s JSON reader (yyjson inside, typed columns straight to Arrow).
   "duckdb>=2.0.1,<2.1",
 ]

@@ -2,14 +2,14 @@
 
 Plain JSON lines are read in Arrow buffers straight from the file (a local file is mapped:
 no copy at all), each block ending at its last newline (`_plain_line_blocks`); compressed
-inputs are decompressed in a thread one block ahead of the parsing (Arrow's decompressors
-run without the GIL), so decompression and parsing overlap where a core is free, three
+inputs are decompressed by `decompress.open_stream` (bz2 on every usable core, or
+`decompress_threads`; gzip and zstd by Arrow) and read in a thread one block ahead of the
+parsing (the decompressors run without the GIL), so decompression and parsing overlap, three
 blocks held at most; a JSON array becomes lines through `json_array.ArrayToLines`.
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 
@@ -18,10 +18,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from maxtext_netdata.data import remote
-from maxtext_netdata.data.ripe import json_array, reference
+from maxtext_netdata.data.ripe import decompress, json_array, reference
 from maxtext_netdata.errors import DataError
-
-_CODECS = {".bz2": "bz2", ".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 
 def _read_ahead(stream, block_bytes: int):
@@ -128,13 +126,16 @@ def _plain_line_blocks(uri: str, raw, block_bytes: int, progress, remap=None):
     raw.close()  # the last map (the caller closes the first)
 
 
-def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
+def iter_blocks(
+  entry: remote.FileEntry, options, block_bytes: int, progress, decompress_threads: int = 0
+):
   """The newline-delimited results of one input as `reference.Block`s, block by block.
 
-  Compressed inputs are decompressed a piece ahead in a thread (`_read_ahead`); plain JSON
-  lines are read by `_plain_line_blocks`.
+  Compressed inputs are decompressed a piece ahead in a thread (`_read_ahead`), a bz2 input
+  in `decompress_threads` threads (0: every usable core; `decompress.open_stream`); plain
+  JSON lines are read by `_plain_line_blocks`.
   """
-  codec = _CODECS.get(os.path.splitext(entry.uri)[1].lower())
+  codec = decompress.codec_of(entry.uri)
   fs, path = remote.filesystem(entry.uri, options)
   if not codec and isinstance(fs, pafs.LocalFileSystem):
     # Mapped, a local file's blocks are views of the page cache: no copy at all (a read
@@ -160,7 +161,7 @@ def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
         blocks.close()
         raw.close()
       return
-  stream = pa.CompressedInputStream(raw, codec) if codec else raw
+  stream = decompress.open_stream(raw, codec, decompress_threads) if codec else raw
   pieces = (_read_ahead if codec else _read_inline)(stream, block_bytes)
   array, carry, line, position, unit = None, b"", 1, 0, "line"
   try:
@@ -176,9 +177,9 @@ def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
         if array:
           converter, unit = json_array.ArrayToLines(entry.uri), "array element"
       if progress is not None:
-        done = raw.tell()
-        progress.update(done - position)
-        position = done
+        done = stream.position() if codec else raw.tell()
+        progress.update(max(0, done - position))
+        position = max(position, done)
       if array:
         data = converter.feed(piece, last)  # b"", or whole elements: never blank
       elif last:
@@ -198,5 +199,7 @@ def iter_blocks(entry: remote.FileEntry, options, block_bytes: int, progress):
       if last:
         return
   finally:
-    pieces.close()
+    pieces.close()  # joins the read-ahead thread first: then the decompressor is idle
+    if codec:
+      stream.close()
     raw.close()

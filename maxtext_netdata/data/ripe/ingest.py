@@ -289,8 +289,9 @@ def write_shards(out_dir: str, runs: list[str], rows: int, shards: int) -> list[
 
 
 def _mapped_blocks(
-  entries, options, block_bytes, bar, counts, skip_bad, readers, scan=True, sample=None
-):
+  entries, options, block_bytes, bar, counts, skip_bad, readers, scan=True, sample=None,
+  decompress_threads=0,
+):  # fmt: skip
   """Row tables of every block of every input, in input order, mapped in `readers` threads.
 
   Each block is mapped with its own counts, added to `counts` in order, so the first bad
@@ -313,7 +314,8 @@ def _mapped_blocks(
   pending = collections.deque()
   try:
     for entry in entries:
-      with contextlib.closing(iter_blocks(entry, options, block_bytes, bar)) as blocks:
+      blocks = iter_blocks(entry, options, block_bytes, bar, decompress_threads)
+      with contextlib.closing(blocks):
         for block in blocks:
           pending.append(pool.submit(mapped, block, entry.uri))
           if len(pending) > readers:
@@ -336,15 +338,17 @@ def ingest(
   readers: int = 0,
   scan: bool = True,
   sample: Sample | None = None,
+  decompress_threads: int = 0,
 ) -> Summary:
   """Read every input (files or globs, in name order) and write time-sorted parquet shards.
 
   `shards` 0 picks one file per SHARD_ROWS rows; `readers` 0 maps blocks in up to READERS
   threads (one per core); `scan` False maps every line with the reference path
   (`data.ripe.reference`) instead of the compiled scanner, for comparison; `sample` keeps the
-  results of its probes and time window only (`data.ripe.sample`). Raises DataError for bad
-  input (naming the file and line) and for input holding no ping row; `out_dir` then has no
-  `.complete`.
+  results of its probes and time window only (`data.ripe.sample`); `decompress_threads` 0
+  decompresses a bz2 input on every usable core (`data.ripe.decompress`). Raises DataError
+  for bad input (naming the file and line) and for input holding no ping row; `out_dir` then
+  has no `.complete`.
   """
   started = time.perf_counter()
   if scan:
@@ -367,8 +371,9 @@ def ingest(
   try:
     runs, probes = [], set()
     tables = _mapped_blocks(
-      entries, options, block_bytes, bar, counts, skip_bad, readers, scan, sample
-    )
+      entries, options, block_bytes, bar, counts, skip_bad, readers, scan, sample,
+      decompress_threads,
+    )  # fmt: skip
     buffer = gather_runs(tables, runs_dir, run_rows, sample, runs, probes)
     bar.close()
     check_rows(counts, inputs, sample)
@@ -427,6 +432,13 @@ def add_arguments(parser) -> None:
   )
   parser.add_argument("--until", metavar="TIME", help="keep results before TIME (ISO 8601)")
   parser.add_argument(
+    "--decompress-threads",
+    type=int,
+    default=0,
+    metavar="N",
+    help="threads decompressing a .bz2 input (default 0: every usable core); .gz and .zst take one",
+  )
+  parser.add_argument(
     "--runner",
     choices=("builtin", "beam"),
     default="builtin",
@@ -463,6 +475,8 @@ def sample_of(args) -> Sample | None:
 def run(args) -> int:
   if args.shards < 0:
     raise UserError(f"--shards must be >= 0, got {args.shards}")
+  if args.decompress_threads < 0:
+    raise UserError(f"--decompress-threads must be >= 0, got {args.decompress_threads}")
   sample, beam_args = sample_of(args), getattr(args, "passthrough", [])
   if getattr(args, "runner", "builtin") == "beam":
     try:
@@ -477,7 +491,8 @@ def run(args) -> int:
     raise UserError("options after `--` are Beam pipeline options: add --runner beam")
   else:
     summary = ingest(
-      args.inputs, args.out, shards=args.shards, skip_bad=args.skip_bad, sample=sample
-    )
+      args.inputs, args.out, shards=args.shards, skip_bad=args.skip_bad, sample=sample,
+      decompress_threads=args.decompress_threads,
+    )  # fmt: skip
   print(f"{summary.line()} to {args.out}")
   return 0
