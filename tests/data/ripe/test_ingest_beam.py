@@ -1,0 +1,139 @@
+"""ingest on Apache Beam's DirectRunner writes the built-in runner's files and marker, byte
+for byte, over JSON lines, bz2 and a JSON array; bad input is the same one-line error."""
+
+import bz2
+import json
+import os
+import random
+
+import pytest
+
+from maxtext_netdata import cli
+from maxtext_netdata.data.raw.layout import FILE_PATTERN
+from maxtext_netdata.data.ripe import ingest as builtin
+from maxtext_netdata.data.ripe.sample import Sample
+from maxtext_netdata.data.synthetic.generate import generate
+from tests.helpers.ripe_results import FIRMWARE_0, MODERN
+
+beam = pytest.importorskip("apache_beam")  # the `beam` extra (scripts/test.sh installs it)
+
+from maxtext_netdata.data.ripe import beam_runner  # noqa: E402
+
+DIRECT = ["--runner=DirectRunner", "--direct_num_workers=1"]
+BAD = b'{"type": "ping", "msm_id": "x"}\n'  # JSON, an array element, but no usable ping
+
+
+@pytest.fixture(scope="module")
+def lines(tmp_path_factory):
+  """Realistic ping results (generate's), shuffled: files overlap in time; their times cut to
+  the minute, so each file has many results of one time (the merge's order of equal times)."""
+  [path] = generate(
+    str(tmp_path_factory.mktemp("json")), rows=9_000, shards=1, seed=3, progress=False,
+    fmt="ripe-json",
+  )  # fmt: skip
+  results = []
+  with open(path, "rb") as f:
+    for line in f:
+      result = json.loads(line)
+      result["timestamp"] -= result["timestamp"] % 60
+      results.append(json.dumps(result, separators=(",", ":")).encode() + b"\n")
+  random.Random(0).shuffle(results)
+  return results
+
+
+def _inputs(folder, lines, bad_at=()) -> list[str]:
+  """Three JSON-lines files (one with every real shape), one .bz2, one JSON array; a bad line
+  at each (file, line) of `bad_at`."""
+  parts = [list(lines[i::5]) for i in range(5)]
+  parts[1] += [json.dumps(r).encode() + b"\n" for r in MODERN + FIRMWARE_0]
+  for file, line in bad_at:
+    parts[file].insert(line - 1, BAD)
+  os.makedirs(folder, exist_ok=True)
+  paths = []
+  for i, part in enumerate(parts[:3]):
+    paths.append(os.path.join(folder, f"hour-{i}.json"))
+    with open(paths[-1], "wb") as f:
+      f.writelines(part)
+  paths.append(os.path.join(folder, "hour-3.json.bz2"))
+  with open(paths[-1], "wb") as f:
+    f.write(bz2.compress(b"".join(parts[3])))
+  paths.append(os.path.join(folder, "hour-4.json"))
+  with open(paths[-1], "wb") as f:
+    f.write(b"[" + b",\n".join(line.rstrip(b"\n") for line in parts[4]) + b"]")
+  return paths
+
+
+def _files(out_dir) -> dict[str, bytes]:
+  names = sorted(os.listdir(out_dir))
+  return {name: open(os.path.join(out_dir, name), "rb").read() for name in names}
+
+
+def _both(tmp_path, inputs, **kwargs):
+  """The built-in runner's files (one run sorted in memory) and the Beam runner's (runs of
+  1,000 rows a file, merged): the same bytes whatever the runs."""
+  a = builtin.ingest(inputs, str(tmp_path / "builtin"), progress=False, **kwargs)
+  b = beam_runner.ingest(inputs, str(tmp_path / "beam"), beam_args=DIRECT, run_rows=1_000, **kwargs)
+  return a, b, _files(tmp_path / "builtin"), _files(tmp_path / "beam")
+
+
+@pytest.mark.parametrize("shards", [0, 3])
+def test_beam_writes_the_builtin_files_and_marker(tmp_path, lines, shards, monkeypatch):
+  # Batches of 64 rows (of ~3 results a second) merged: equal times across batch ends.
+  monkeypatch.setattr(builtin, "_MERGE_BATCH", 64)
+  inputs = _inputs(tmp_path / "in", lines)
+  a, b, files_a, files_b = _both(tmp_path, inputs, shards=shards)
+  assert (
+    list(files_a)
+    == list(files_b)
+    == [
+      ".complete",
+      *(FILE_PATTERN.format(k, shards or 1) for k in range(shards or 1)),
+    ]
+  )
+  for name in files_a:
+    assert files_a[name] == files_b[name], name
+  assert b.counts == a.counts and a.counts.rows == 9_000 + 9 and a.counts.other_types == 2
+  assert [os.path.basename(p) for p in b.files] == [os.path.basename(p) for p in a.files]
+  assert [n for n in os.listdir(tmp_path / "beam") if n.startswith(".")] == [".complete"]
+
+
+def test_skipped_bad_lines_are_counted_over_every_worker(tmp_path, lines):
+  inputs = _inputs(tmp_path / "in", lines, bad_at=[(0, 5), (3, 100), (4, 7)])
+  a, b, files_a, files_b = _both(tmp_path, inputs, shards=2, skip_bad=True)
+  assert files_a == files_b
+  assert a.counts.bad_lines == b.counts.bad_lines == 3
+  assert json.loads(files_b[".complete"])["bad_lines"] == 3
+
+
+def test_a_sample_keeps_the_same_probes_and_times(tmp_path, lines):
+  inputs = _inputs(tmp_path / "in", lines)
+  all_rows = builtin.ingest(inputs, str(tmp_path / "all"), progress=False)
+  times = sorted(json.loads(line)["timestamp"] for line in lines)
+  sample = Sample(0.5, since=times[1_000], until=times[7_000])
+  a, b, files_a, files_b = _both(tmp_path, inputs, shards=2, sample=sample)
+  assert files_a == files_b
+  assert 0 < a.counts.rows < all_rows.counts.rows and b.probes == a.probes > 0
+  marker = json.loads(files_b[".complete"])
+  assert marker["sample"]["probes"] == a.probes and marker["left_out"] > 0
+
+
+def test_a_bad_line_fails_the_cli_with_the_builtin_one_line_error(tmp_path, lines, capsys):
+  inputs = _inputs(tmp_path / "in", lines, bad_at=[(2, 40), (4, 3)])
+  code = cli.main(["ingest", *inputs, "--out", str(tmp_path / "a")])
+  builtin_error = capsys.readouterr().err
+  code_beam = cli.main(["ingest", *inputs, "--out", str(tmp_path / "b"), "--runner", "beam"])
+  beam_error = capsys.readouterr().err
+  assert code == code_beam == 2
+  assert beam_error == builtin_error.splitlines(keepends=True)[-1]  # after the progress bar
+  assert beam_error.startswith(f"maxtext-netdata ingest: error: {inputs[2]}: line 40: a field")
+  assert beam_error.count("\n") == 1
+  assert os.listdir(tmp_path / "b") == []
+
+
+def test_cli_passes_the_options_after_the_separator_to_beam(tmp_path, lines, capsys):
+  inputs = _inputs(tmp_path / "in", lines)
+  out = str(tmp_path / "out")
+  assert cli.main(["ingest", *inputs, "--out", out, "--runner", "beam", "--", *DIRECT]) == 0
+  assert "9,009 rows written in 1 files" in capsys.readouterr().out
+  assert cli.main(["ingest", *inputs, "--out", out, "--", *DIRECT]) == 2
+  assert "add --runner beam" in capsys.readouterr().err
