@@ -107,6 +107,8 @@ class Bz2Stream:
     self._file, self._text, self._ended = None, 0, False
 
   def read(self, size: int) -> bytes:
+    if self._ended:
+      return b""
     try:
       if self._file is None:  # opened here: the library reads the file's head on opening
         self._file = indexed_bzip2.open(self._source, parallelization=self._threads)
@@ -114,7 +116,7 @@ class Bz2Stream:
     except (RuntimeError, ValueError) as e:
       raise _os_error(e) from None
     self._text += len(data)
-    if not data and size and not self._ended:
+    if not data and size:
       self._ended = True
       self._check_end()
     return data
