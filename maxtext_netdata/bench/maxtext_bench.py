@@ -1,6 +1,7 @@
 """`maxtext-netdata bench --maxtext MAXTEXT_YAML`: the guide's procedure on MaxText's own code,
-for any dataset type MaxText runs (`grain` parquet / ArrayRecord with a tokenizer, `hf`, `tfds`,
-`synthetic`, and `network_grain` through our plugin).
+for any dataset type MaxText runs (`grain` parquet / ArrayRecord with a tokenizer, `hf` on local
+or hub files, `synthetic`, and `network_grain` through our plugin; `tfds` and `c4_mlperf` where
+TensorFlow and TensorFlow Datasets are installed, which the maxtext extra does not bring).
 
 1. the target step: MaxText's trainer on `dataset_type=synthetic` (its own train step);
 2. loading alone: MaxText's `create_data_iterator` timed with no training, as its
@@ -33,6 +34,20 @@ from maxtext_netdata.errors import ConfigError
 
 # Dataset types MaxText 0.2.5's create_data_iterator builds, plus ours through the plugin.
 DATASET_TYPES = ("grain", "hf", "tfds", "c4_mlperf", "olmo_grain", "synthetic", "network_grain")
+# MaxText's hf pipeline runs at most one Grain worker: with more, each reads the same stream.
+HF_MAX_WORKERS = 1
+# Dataset types whose MaxText pipeline is TensorFlow's (`tf.data`, TensorFlow Datasets).
+TENSORFLOW_TYPES = ("tfds", "c4_mlperf")
+TENSORFLOW_MISSING = (
+  "dataset_type={kind}: MaxText's {kind} pipeline runs on TensorFlow and TensorFlow Datasets,"
+  " not installed here ({missing} missing; the maxtext extra leaves them out: 1.7 GB), so"
+  " bench cannot check it; `pip install tensorflow-cpu tensorflow-datasets` to run it, or store"
+  " the data as parquet or ArrayRecord for dataset_type=grain"
+)
+HF_AT_MOST_ONE_WORKER = (
+  "MaxText's hf pipeline runs one Grain worker at most: store the data as ArrayRecord or"
+  " parquet for dataset_type=grain, whose workers scale"
+)
 # Real-data steps the profiler records after the warm-up.
 PROFILE_STEPS = 6
 OFFLINE_TOKENIZATION = (
@@ -56,8 +71,7 @@ def run(args) -> int:
   maxtext_run.call_hook(args.loop_hook)
   cfg = load_config(path, args.overrides)
   sweep = loading.parse_sweep(args.sweep_workers)
-  if sweep and _dataset_type(cfg) not in ("grain", "network_grain"):
-    raise ConfigError(f"--sweep-workers: dataset_type={_dataset_type(cfg)} has no grain workers")
+  _check_workers(cfg, sweep)
   report_path = (
     Path(args.report)
     if args.report
@@ -151,12 +165,42 @@ def load_config(path: str, overrides: list[str]):
   except Exception as e:  # MaxText raises ValueError, pydantic errors, AssertionError...
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ConfigError(f"{path}: MaxText rejects the config: {first}") from None
-  if _dataset_type(cfg) not in DATASET_TYPES:
+  kind = _dataset_type(cfg)
+  if kind not in DATASET_TYPES:
     raise ConfigError(
-      f"{path}: dataset_type={_dataset_type(cfg)!r} is not one bench can run; use one of"
+      f"{path}: dataset_type={kind!r} is not one bench can run; use one of"
       f" {', '.join(DATASET_TYPES)}"
     )
+  if kind in TENSORFLOW_TYPES:
+    missing = [m for m in ("tensorflow", "tensorflow_datasets") if not _importable(m)]
+    if missing:
+      raise ConfigError(
+        f"{path}: " + TENSORFLOW_MISSING.format(kind=kind, missing=", ".join(missing))
+      )
   return cfg
+
+
+def _importable(module: str) -> bool:
+  import importlib.util
+
+  return importlib.util.find_spec(module) is not None
+
+
+def _check_workers(cfg, sweep: list[int]) -> None:
+  """`--sweep-workers` counts the pipeline can run: grain and network_grain any, hf 0 or 1
+  (MaxText's own check refuses more in the config), others none.
+
+  Raises:
+    ConfigError: a count the pipeline cannot run.
+  """
+  kind = _dataset_type(cfg)
+  if kind == "hf" and max(sweep, default=0) > HF_MAX_WORKERS:
+    raise ConfigError(
+      f"--sweep-workers={max(sweep)}: MaxText's hf pipeline runs {HF_MAX_WORKERS} Grain worker at"
+      " most (with more, each reads the same stream: duplicated data)"
+    )
+  if sweep and kind not in ("grain", "network_grain", "hf"):
+    raise ConfigError(f"--sweep-workers: dataset_type={kind} has no grain workers")
 
 
 def measure_loadings(path, overrides, cfg, batches: int, sweep: list[int]):
@@ -187,7 +231,7 @@ def measure_loading(cfg, batches: int) -> dict:
     except Exception as e:
       message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
       raise ConfigError(
-        f"MaxText cannot build its {_dataset_type(cfg)} pipeline: {message}"
+        f"MaxText cannot build its {_dataset_type(cfg)} pipeline ({_data_source(cfg)}): {message}"
       ) from None
 
   return loading.time_loading(
@@ -252,9 +296,22 @@ def _next_knob(cfg, loading_alone: dict, recommendation: dict | None) -> str:
   knob = bench_report.next_knob(loading_alone, loading.cpu_cores(), recommendation, None)
   kind = _dataset_type(cfg)
   online = kind in ("grain", "hf", "tfds") and getattr(cfg, "tokenize_train_data", False)
+  if kind == "hf" and knob.startswith("raise grain_worker_count"):
+    if loading_alone["workers"] < HF_MAX_WORKERS:
+      return f"set grain_worker_count={HF_MAX_WORKERS} (the most MaxText's hf pipeline runs)"
+    return HF_AT_MOST_ONE_WORKER + (f"; {OFFLINE_TOKENIZATION.format(kind=kind)}" if online else "")
   if online and "grain_worker_count" not in knob:
     return OFFLINE_TOKENIZATION.format(kind=kind)
   return knob
+
+
+def _data_source(cfg) -> str:
+  """The config keys naming the data a pipeline reads, as `key=value` words."""
+  keys = {
+    "hf": ("hf_path", "hf_name", "hf_data_dir", "hf_train_files"),
+    "tfds": ("dataset_name", "dataset_path"),
+  }.get(_dataset_type(cfg), ("grain_file_type", "grain_train_files"))
+  return " ".join(f"{key}={getattr(cfg, key)}" for key in keys if getattr(cfg, key, None))
 
 
 def _dataset_type(cfg) -> str:

@@ -5,15 +5,14 @@ forced synchronization; configs bench cannot run are one-line errors."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.maxtext import SMOKE, TINY_MODEL
+from tests.helpers.maxtext import bench as _bench
+from tests.helpers.maxtext import ok as _ok
 
 pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
 
@@ -48,25 +47,6 @@ def network(sample_dir, tmp_path_factory) -> list[str]:
     f"grain_train_files={os.path.join(sample_dir, '*.parquet')}",
     f"network_prepared_dir={prepared}",
   ]
-
-
-def _bench(tmp_path, config, *args) -> tuple[subprocess.CompletedProcess, dict | None]:
-  """`maxtext-netdata bench --maxtext` in its own process (hooks patch MaxText globally)."""
-  report = tmp_path / "bench" / "report.json"
-  argv = [sys.executable, "-m", "maxtext_netdata", "bench", "--maxtext", config]
-  argv += [f"base_output_directory={tmp_path}", *args, f"--report={report}"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-  result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=500, cwd=ROOT)
-  if not report.exists():
-    return result, None
-  return result, json.loads(report.read_text())
-
-
-def _ok(result, report) -> dict:
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert report["verdict"]["text"] in result.stdout
-  return report
 
 
 @pytest.mark.slow

@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import time
 
+import grain.python as grain
+
 # Seconds of host work after each real-data step: below the test model's step, so without the
 # forced read it would overlap the next step and cost nothing.
 LOG_S = 0.04
@@ -34,6 +36,27 @@ def slow_loader() -> None:
     return original(dataset.map(_Sleep()), *args, **kwargs)
 
   data_processing_utils.apply_multiprocessing_and_prefetch = apply
+
+
+class _SleepMap(grain.MapTransform):
+  """`_Sleep` as the operation a `grain.DataLoader` takes."""
+
+  def map(self, element):
+    return _Sleep()(element)
+
+
+def slow_hf_loader() -> None:
+  """MaxText's hf pipeline (a `grain.DataLoader`) with a sleeping map after its batching."""
+  original = grain.DataLoader.__init__
+  if getattr(original, "_slow", False):
+    return
+
+  @functools.wraps(original)
+  def init(self, *args, operations=(), **kwargs):
+    original(self, *args, operations=[*operations, _SleepMap()], **kwargs)
+
+  init._slow = True
+  grain.DataLoader.__init__ = init
 
 
 def sync_each_real_step() -> None:
