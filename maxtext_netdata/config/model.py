@@ -216,6 +216,11 @@ class ConfigModel(BaseModel):
   )
   weight_dtype: Literal["bfloat16", "float32"] = Field("float32", description="parameter dtype")
   logits_dot_in_fp32: bool = Field(True, description="compute the output projection in float32")
+  attention: Literal["dot_product", "xla", "cudnn", "einsum"] = Field(
+    "dot_product",
+    description="attention kernel: dot_product (jax.nn.dot_product_attention, JAX picks),"
+    " xla, cudnn (fused, GPU, bfloat16/float16 only) or einsum (plain einsum + softmax)",
+  )
 
   learning_rate: Real = Field(0.0003, description="peak learning rate")
   warmup_steps_fraction: Real = Field(

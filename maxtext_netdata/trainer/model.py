@@ -7,6 +7,18 @@ untied output projection. Attention is causal and confined to one packed segment
 sees earlier tokens of its own `inputs_segmentation` id only, and RoPE rotates by
 `inputs_position`, which restarts at 0 per segment. Activations are in `dtype`, parameters
 in `weight_dtype`; the output projection runs in float32 when `logits_dot_in_fp32`.
+
+`attention` picks the kernel of that attention; every one computes the same function, causal
+AND same segment, exactly (docs/training.md, "Attention"):
+- `dot_product`: `jax.nn.dot_product_attention` with the implementation left to JAX (XLA's
+  in JAX 0.11-0.12), `is_causal=True` and the same-segment mask;
+- `xla`: the same call with `implementation="xla"`;
+- `cudnn`: the same call with `implementation="cudnn"`: cuDNN's fused flash-attention kernel
+  (NVIDIA GPUs, bfloat16/float16 activations only). It takes no segment ids, so the
+  same-segment mask goes in as `mask`, which JAX hands to cuDNN as an additive bias, and
+  `is_causal=True` lets the kernel skip the tiles above the diagonal;
+- `einsum`: the plain einsum + softmax over a dense causal-and-segment mask, the reference
+  the others are tested against.
 """
 
 from __future__ import annotations
@@ -51,6 +63,15 @@ def apply_rope(x: jax.Array, positions: jax.Array) -> jax.Array:
   return rotated.astype(x.dtype)
 
 
+# `attention` key → `jax.nn.dot_product_attention(implementation=...)`.
+_IMPLEMENTATIONS = {"dot_product": None, "xla": "xla", "cudnn": "cudnn"}
+
+
+def segment_mask(segmentation: jax.Array) -> jax.Array:
+  """[batch, 1, q, k] True where query q and key k are in the same segment."""
+  return (segmentation[:, :, None] == segmentation[:, None, :])[:, None]
+
+
 def attention_mask(segmentation: jax.Array) -> jax.Array:
   """[batch, 1, q, k] True where query q may attend to key k: causal and same segment.
 
@@ -59,8 +80,50 @@ def attention_mask(segmentation: jax.Array) -> jax.Array:
   """
   length = segmentation.shape[-1]
   causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
-  same_segment = segmentation[:, :, None] == segmentation[:, None, :]
-  return (causal[None] & same_segment)[:, None]
+  return causal[None, None] & segment_mask(segmentation)
+
+
+def einsum_attention(
+  query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array
+) -> jax.Array:
+  """Softmax attention [b, t, heads, head_dim] under `mask` = `attention_mask(...)`: scores
+  and softmax in float32, the weighted sum of the values in the activation dtype."""
+  groups = query.shape[2] // key.shape[2]
+  if groups > 1:
+    key = jnp.repeat(key, groups, axis=2)
+    value = jnp.repeat(value, groups, axis=2)
+  query = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
+  scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(scores, axis=-1).astype(query.dtype)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+
+
+def attend(
+  query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array, kernel: str
+) -> jax.Array:
+  """Causal attention within segments by `kernel` (the `attention` key).
+
+  `mask` is `attention_mask(...)` for `einsum`, `segment_mask(...)` for the others, which add
+  causality with `is_causal=True`. Grouped-query heads go to `jax.nn.dot_product_attention`
+  as they are (it groups them itself).
+  """
+  if kernel == "einsum":
+    return einsum_attention(query, key, value, mask)
+  return jax.nn.dot_product_attention(
+    query,
+    key,
+    value,
+    mask=mask,
+    scale=query.shape[-1] ** -0.5,
+    is_causal=True,
+    implementation=_IMPLEMENTATIONS[kernel],
+  )
+
+
+def kernel_mask(segmentation: jax.Array, kernel: str) -> jax.Array:
+  """The mask `attend` takes for `kernel`, built once per batch and shared by every layer."""
+  return attention_mask(segmentation) if kernel == "einsum" else segment_mask(segmentation)
 
 
 class Attention(nn.Module):
@@ -71,6 +134,7 @@ class Attention(nn.Module):
   head_dim: int
   dtype: jnp.dtype
   weight_dtype: jnp.dtype
+  kernel: str = "dot_product"
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
@@ -86,15 +150,7 @@ class Attention(nn.Module):
     query = apply_rope(projection(self.num_query_heads, "query")(x), positions)
     key = apply_rope(projection(self.num_kv_heads, "key")(x), positions)
     value = projection(self.num_kv_heads, "value")(x)
-    groups = self.num_query_heads // self.num_kv_heads
-    if groups > 1:
-      key = jnp.repeat(key, groups, axis=2)
-      value = jnp.repeat(value, groups, axis=2)
-    query = query * jnp.asarray(self.head_dim**-0.5, self.dtype)
-    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-    out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+    out = attend(query, key, value, mask, self.kernel)
     return nn.DenseGeneral(
       x.shape[-1],
       axis=(-2, -1),
@@ -138,6 +194,7 @@ class DecoderLayer(nn.Module):
       cfg.head_dim,
       dtype,
       weight_dtype,
+      cfg.attention,
       name="attention",
     )
     x = x + attention(RMSNorm(dtype, weight_dtype, name="pre_attention_norm")(x), positions, mask)
@@ -167,7 +224,7 @@ class Transformer(nn.Module):
       name="token_embedder",
     )
     x = embed(inputs)
-    mask = attention_mask(segmentation)
+    mask = kernel_mask(segmentation, cfg.attention)
     layers = nn.scan(
       DecoderLayer,
       variable_axes={"params": 0},

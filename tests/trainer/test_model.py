@@ -130,3 +130,72 @@ def test_head_counts_are_checked():
   cfg = config.load(None, ["base_num_query_heads=6", "base_num_kv_heads=4"])
   with pytest.raises(ValueError, match="multiple"):
     model.check_model_config(cfg)
+
+
+# float32 on the CPU: the kernels differ in where the 1/sqrt(head_dim) scale is applied (the
+# einsum path scales the query, jax.nn.dot_product_attention the scores) and in summation
+# order; measured differences are ~1e-6 on outputs of order 1.
+KERNEL_TOLERANCE = 1e-5
+JAX_KERNELS = ("dot_product", "xla")  # cudnn needs an NVIDIA GPU
+
+
+def _packed_segmentation(rng, batch: int, length: int) -> np.ndarray:
+  """Rows of 2 to 6 contiguous segments 1..k and trailing padding (segment 0), as packed."""
+  segmentation = np.zeros((batch, length), np.int32)
+  for row in range(batch):
+    cuts = np.sort(rng.choice(np.arange(4, length - 4), rng.integers(2, 7), replace=False))
+    segmentation[row, : cuts[-1]] = np.searchsorted(cuts, np.arange(cuts[-1]), side="right") + 1
+  return segmentation
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("kernel", JAX_KERNELS)
+def test_dot_product_attention_equals_the_einsum_reference_on_packed_rows(kernel, kv_heads):
+  rng = np.random.default_rng(kv_heads)
+  batch, length, heads, head_dim = 3, 64, 4, 16
+  segmentation = jnp.asarray(_packed_segmentation(rng, batch, length))
+  assert all(len(set(row.tolist()) - {0}) >= 2 for row in np.asarray(segmentation))
+  query, key, value = (
+    jnp.asarray(rng.normal(size=(batch, length, h, head_dim)), jnp.float32)
+    for h in (heads, kv_heads, kv_heads)
+  )
+  reference = model.attend(query, key, value, model.kernel_mask(segmentation, "einsum"), "einsum")
+  out = jax.jit(model.attend, static_argnums=4)(
+    query, key, value, model.kernel_mask(segmentation, kernel), kernel
+  )
+  np.testing.assert_allclose(out, reference, rtol=0, atol=KERNEL_TOLERANCE)
+  # The mask really matters: plain causal attention over the whole row differs.
+  unsegmented = model.kernel_mask(jnp.ones_like(segmentation), kernel)
+  assert not np.allclose(model.attend(query, key, value, unsegmented, kernel), reference, atol=0.1)
+
+
+@pytest.mark.parametrize("kernel", JAX_KERNELS)
+def test_every_kernel_gives_the_einsum_logits(kernel):
+  """The whole model (grouped-query heads, two layers) on packed rows of several segments."""
+  cfg, transformer, params = _setup("dtype=float32", "attention=einsum")
+  rng = np.random.default_rng(2)
+  segmentation = _packed_segmentation(rng, 3, cfg.max_target_length)
+  positions = np.zeros_like(segmentation)
+  for row in range(3):
+    for segment in set(segmentation[row].tolist()):
+      where = segmentation[row] == segment
+      positions[row, where] = np.arange(where.sum())
+  inputs = rng.integers(11, 267, segmentation.shape).astype(np.int32)
+  reference = _logits(jax.jit(transformer.apply), params, inputs, positions, segmentation)
+  other = model.Transformer(cfg.replace(attention=kernel))
+  logits = _logits(jax.jit(other.apply), params, inputs, positions, segmentation)
+  np.testing.assert_allclose(logits, reference, rtol=0, atol=KERNEL_TOLERANCE)
+
+
+def test_bfloat16_activations_keep_float32_parameters_and_stay_close():
+  """dtype=bfloat16: bfloat16 matmuls, float32 parameters; logits near the float32 ones."""
+  cfg, transformer, params = _setup("dtype=float32")
+  ids = jnp.asarray(np.random.default_rng(3).integers(11, 267, (2, cfg.max_target_length)))
+  positions = jnp.broadcast_to(jnp.arange(cfg.max_target_length), ids.shape)
+  full = _logits(jax.jit(transformer.apply), params, ids, positions, jnp.ones_like(ids))
+  half = model.Transformer(cfg.replace(dtype="bfloat16"))
+  jaxpr = jax.make_jaxpr(half.apply)({"params": params}, ids, positions, jnp.ones_like(ids))
+  dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+  assert "bf16[" in str(dots[0]) and "dot_general" in str(dots[0])
+  low = _logits(jax.jit(half.apply), params, ids, positions, jnp.ones_like(ids))
+  assert 0 < np.abs(low - full).max() < 0.1 * np.abs(full).max()

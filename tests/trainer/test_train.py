@@ -11,6 +11,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from absl import flags
 
@@ -239,6 +240,8 @@ def test_short_sequences_and_missing_files_fail_before_compiling(tmp_path):
         tmp_path, "dataset_type=network_grain", f"grain_train_files={tmp_path}/none/*.parquet"
       )
     )
+  with pytest.raises(ConfigError, match="attention=cudnn needs an NVIDIA GPU and dtype"):
+    train.train(_config(tmp_path, "attention=cudnn"))  # float32, and a CPU here
   assert compiles == []
 
 
@@ -265,3 +268,65 @@ def test_batch_not_divisible_over_devices_fails_before_compiling(tmp_path):
   ).stdout
   assert "ConfigError: global batch of 3 sequences does not divide over the 2 devices" in out
   assert out.strip().endswith("compiles: 0")
+
+
+@pytest.mark.slow  # two train steps to compile
+def test_attention_kernels_give_the_same_losses_on_pipeline_batches(tmp_path, sample_dir):
+  """Three train steps on real packed batches (network_grain, several contexts a row)
+  with the einsum reference and with jax.nn.dot_product_attention: the same loss and gradient
+  norm each step, to float32 rounding (the step's updates feed the next)."""
+  cfg = _config(
+    tmp_path,
+    "dataset_type=network_grain",
+    f"grain_train_files={sample_dir}/*.parquet",
+    f"network_prepared_dir={tmp_path}/prepared",
+    "grain_worker_count=0",
+    "per_device_batch_size=8",
+  )
+  mesh = make_mesh(cfg)
+  train_iter, _ = create_data_iterator(cfg, mesh)
+  try:
+    batches = [next(train_iter) for _ in range(3)]
+  finally:
+    train_iter.close()
+  segments = np.concatenate([np.asarray(b["inputs_segmentation"]).max(axis=1) for b in batches])
+  assert np.mean(segments >= 2) > 0.5, segments  # packed: most rows hold several contexts
+  metrics = {}
+  for kernel in ("einsum", "dot_product"):  # "xla" is dot_product's implementation on a CPU
+    trainer = train.Trainer(cfg.replace(attention=kernel), mesh)
+    state, metrics[kernel] = trainer.init_state(jax.random.key(0)), []
+    for batch in batches:
+      state, step_metrics = trainer.train_step(state, batch)
+      metrics[kernel].append(jax.device_get((step_metrics["loss"], step_metrics["grad_norm"])))
+  reference = np.array(metrics["einsum"])
+  assert len(set(reference[:, 0].tolist())) == 3  # the steps learn: losses differ
+  np.testing.assert_allclose(np.array(metrics["dot_product"]), reference, rtol=1e-5)
+
+
+def test_a_checkpoint_saved_before_donated_steps_holds_its_own_step(tmp_path):
+  """The train step donates the state, and the next step starts while Orbax writes the save
+  of the previous one: the checkpoint after step 2 of a 4-step run (steps 3 and 4 reusing
+  the buffers) equals that of a run stopped after step 2, leaf for leaf."""
+  for run_name, steps in (("long", 4), ("short", 2)):
+    cfg = _config(
+      tmp_path,
+      f"run_name={run_name}",
+      f"steps={steps}",
+      "checkpoint_period=1",
+      "learning_rate_schedule_steps=4",  # one schedule for both
+      "eval_interval=-1",
+    )
+    _run(cfg)
+  restored = {
+    run_name: ocp.StandardCheckpointer().restore(tmp_path / run_name / "checkpoints/2/items")
+    for run_name in ("long", "short")
+  }
+  leaves = jax.tree.leaves(restored["long"])
+  assert int(restored["long"]["step"]) == 2 and len(leaves) > 10
+  for long_leaf, short_leaf in zip(leaves, jax.tree.leaves(restored["short"]), strict=True):
+    np.testing.assert_array_equal(np.asarray(long_leaf), np.asarray(short_leaf))
+  later = ocp.StandardCheckpointer().restore(tmp_path / "long/checkpoints/3/items")
+  assert not np.array_equal(
+    np.asarray(later["params"]["final_norm"]["scale"]),
+    np.asarray(restored["long"]["params"]["final_norm"]["scale"]),
+  )
