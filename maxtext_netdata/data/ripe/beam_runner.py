@@ -18,10 +18,12 @@ error the built-in runner stops at, written to the work folder for the launching
 raise as the CLI's one-line error. `--skip-bad` counts and the sample's counts are summed over
 the files, the sample's probes are the union of theirs.
 
-The run files and the result are written under a temporary folder in DIR, so DIR must be one
-that every worker and the launching process see: a local folder for the DirectRunner (the
-default), a shared mount (Filestore, NFS, a GCS FUSE mount of a bucket) for Dataflow, Flink
-or Spark, as `prepare --runner beam`'s store folder. Inputs may be `gs://` / `s3://`.
+The run files and the result are written under a temporary folder in DIR (`.ingest-runs-*`,
+removed at the end), so DIR must be one that every worker and the launching process see:
+a local folder for the DirectRunner (the default); `gs://` / `s3://` (through `data.remote`'s
+pyarrow filesystems) or a shared mount for Dataflow, Flink or Spark. In a bucket each shard
+is written under its own name (an object appears whole when closed) and the marker last.
+Inputs may be `gs://` / `s3://` as for the built-in runner.
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 
 import apache_beam as beam
+import pyarrow.fs as pafs
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from maxtext_netdata.data import remote
-from maxtext_netdata.data.raw.layout import clear_outputs, write_complete_marker
+from maxtext_netdata.data.raw.layout import COMPLETE_MARKER, clear_outputs, write_complete_marker
 from maxtext_netdata.data.ripe import ingest as builtin
 from maxtext_netdata.data.ripe import reference
 from maxtext_netdata.data.ripe import scan as ripe_scan
@@ -65,6 +69,72 @@ def _temporary_files_in(folder: str):
     shutil.rmtree(folder, ignore_errors=True)
 
 
+class _Output:
+  """The output folder, local or a bucket's (`gs://`, `s3://`), as every step opens it.
+
+  A local folder is written as the built-in runner writes it (`data.raw.layout`); in a bucket
+  the shards are written under their names (an object appears whole when closed) and the
+  marker last, as a local run's rename does.
+  """
+
+  def __init__(self, uri: str, options: remote.StorageOptions):
+    self.uri = uri
+    fs, self.path = remote.filesystem(uri, options)
+    self.filesystem = None if isinstance(fs, pafs.LocalFileSystem) else fs
+
+  def join(self, *names: str) -> str:
+    return os.path.join(self.path, *names)
+
+  def make_work_dir(self) -> str:
+    if self.filesystem is None:
+      os.makedirs(self.path, exist_ok=True)
+      return tempfile.mkdtemp(prefix=".ingest-runs-", dir=self.path)
+    work_dir = self.join(f".ingest-runs-{uuid.uuid4().hex[:12]}")
+    self.filesystem.create_dir(work_dir)
+    return work_dir
+
+  def remove_work_dir(self, work_dir: str) -> None:
+    if self.filesystem is None:
+      shutil.rmtree(work_dir, ignore_errors=True)
+    else:
+      with contextlib.suppress(OSError):
+        self.filesystem.delete_dir(work_dir)
+
+  def clear(self) -> None:
+    """The marker, then the shards, of an earlier run (`layout.clear_outputs`)."""
+    if self.filesystem is None:
+      clear_outputs(self.path)
+      return
+    selector = pafs.FileSelector(self.path, allow_not_found=True)
+    names = {info.base_name for info in self.filesystem.get_file_info(selector)}
+    if COMPLETE_MARKER in names:
+      self.filesystem.delete_file(self.join(COMPLETE_MARKER))
+    for name in sorted(names):
+      if name.startswith("pings-") and name.endswith((".parquet", ".json")):
+        self.filesystem.delete_file(self.join(name))
+
+  def write_json(self, path: str, content: dict) -> None:
+    if self.filesystem is None:
+      with WritesTo(path), open(path, "w", encoding="utf-8") as f:
+        json.dump(content, f)
+    else:
+      with WritesTo(path), self.filesystem.open_output_stream(path) as f:
+        f.write(json.dumps(content).encode())
+
+  def read_json(self, path: str) -> dict:
+    if self.filesystem is None:
+      with open(path, encoding="utf-8") as f:
+        return json.load(f)
+    with self.filesystem.open_input_stream(path) as f:
+      return json.loads(f.read())
+
+  def write_marker(self, content: dict) -> None:
+    if self.filesystem is None:
+      write_complete_marker(self.path, content)
+    else:
+      self.write_json(self.join(COMPLETE_MARKER), content)
+
+
 def ingest(
   inputs: list[str],
   out_dir: str,
@@ -77,13 +147,12 @@ def ingest(
   run_rows: int = builtin.RUN_ROWS,
 ) -> builtin.Summary:
   """`ingest.ingest` as a Beam pipeline run with `beam_args` (DirectRunner when none): the
-  same files and marker in `out_dir`, the same DataError for bad input."""
+  same files and marker in `out_dir` (a folder, or `gs://` / `s3://`), the same DataError for
+  bad input."""
   started = time.perf_counter()
   options = builtin.storage_options()
   entries = remote.expand_all(inputs, options)
-  os.makedirs(out_dir, exist_ok=True)
-  clear_outputs(out_dir)
-  work_dir = tempfile.mkdtemp(prefix=".ingest-runs-", dir=out_dir)
+  output = _Output(out_dir, options)
   settings = {
     "options": options,
     "block_bytes": block_bytes,
@@ -91,10 +160,12 @@ def ingest(
     "skip_bad": skip_bad,
     "sample": sample,
   }
+  work_dir = output.make_work_dir()
   try:
+    output.clear()
     pipeline_options = PipelineOptions(beam_args or ["--runner=DirectRunner"])
     with (
-      _temporary_files_in(work_dir + "-tmp"),
+      _temporary_files_in(tempfile.mkdtemp(prefix="ingest-beam-")),
       beam.Pipeline(options=pipeline_options) as pipeline,
     ):
       _ = (
@@ -102,42 +173,44 @@ def ingest(
         | "files" >> beam.Create(list(enumerate(entries)))
         # Any: the type Beam infers from the report's first key (a dict of ints) fails to encode
         | "map to sorted runs"
-        >> beam.ParDo(_MapFile(settings, work_dir)).with_output_types(beam.typehints.Any)
+        >> beam.ParDo(_MapFile(settings, out_dir, work_dir)).with_output_types(beam.typehints.Any)
         | "all files" >> beam.combiners.ToList()
-        | "merge into shards" >> beam.Map(_merge, work_dir, out_dir, inputs, shards, sample)
+        | "merge into shards"
+        >> beam.Map(_merge, options, out_dir, work_dir, inputs, shards, sample)
       )
-    with open(os.path.join(work_dir, _RESULT), encoding="utf-8") as f:
-      result = json.load(f)
+    result = output.read_json(os.path.join(work_dir, _RESULT))
     if "error" in result:
       raise DataError(result["error"])
     return builtin.Summary(
       reference.Counts(**result["counts"]),
-      [os.path.join(out_dir, name) for name in result["files"]],
+      [output.join(name) if output.filesystem is None else f"{out_dir.rstrip('/')}/{name}"
+       for name in result["files"]],
       time.perf_counter() - started,
       sample,
       result["probes"],
-    )
+    )  # fmt: skip
   except BaseException:
     with contextlib.suppress(OSError):
-      clear_outputs(out_dir)
+      output.clear()
     raise
   finally:
-    shutil.rmtree(work_dir, ignore_errors=True)
+    output.remove_work_dir(work_dir)
 
 
 class _MapFile(beam.DoFn):
   """One input file → its time-sorted run files in the work folder, and a report: counts,
   runs, probe keys (when sampling), or the file's first error."""
 
-  def __init__(self, settings: dict, work_dir: str):
-    self.settings, self.work_dir = settings, work_dir
+  def __init__(self, settings: dict, out_dir: str, work_dir: str):
+    self.settings, self.out_dir, self.work_dir = settings, out_dir, work_dir
 
   def setup(self) -> None:
     ripe_scan.load()
+    self.output = _Output(self.out_dir, self.settings["options"])
 
   def process(self, indexed):
     index, entry = indexed
-    s = self.settings
+    s, fs = self.settings, self.output.filesystem
     counts, runs, probes = reference.Counts(), [], set()
     report = {"index": index}
     try:
@@ -146,19 +219,20 @@ class _MapFile(beam.DoFn):
       )
       prefix = f"run-{index:06d}"
       rest = builtin.gather_runs(
-        tables, self.work_dir, s["run_rows"], s["sample"], runs, probes, prefix
+        tables, self.work_dir, s["run_rows"], s["sample"], runs, probes, prefix, fs
       )
       if rest:
-        runs.append(builtin._write_run(rest, self.work_dir, len(runs), prefix))
+        runs.append(builtin._write_run(rest, self.work_dir, len(runs), prefix, fs))
     except DataError as e:  # the first bad line or unreadable data: the merge reports it
       report["error"] = str(e)
     report.update(counts=dataclasses.asdict(counts), runs=runs, probes=sorted(probes))
     yield report
 
 
-def _merge(reports: list[dict], work_dir, out_dir, inputs, shards, sample) -> None:
+def _merge(reports: list[dict], options, out_dir, work_dir, inputs, shards, sample) -> None:
   """Every file's runs, in input order, → the shards and the marker (the built-in runner's
   code); the outcome, or the first file's error, → `work_dir`/result.json."""
+  output = _Output(out_dir, options)
   reports = sorted(reports, key=lambda r: r["index"])
   try:
     if error := next((r["error"] for r in reports if "error" in r), None):
@@ -170,9 +244,9 @@ def _merge(reports: list[dict], work_dir, out_dir, inputs, shards, sample) -> No
     builtin.check_rows(counts, inputs, sample)
     runs = [path for report in reports for path in report["runs"]]
     files = builtin.shard_count(shards, counts.rows)
-    paths = builtin.write_shards(out_dir, runs, counts.rows, files)
+    paths = builtin.write_shards(output.path, runs, counts.rows, files, output.filesystem)
     probes = len(set().union(*(r["probes"] for r in reports))) if sample else 0
-    write_complete_marker(out_dir, builtin.marker(counts, sample, probes, inputs, paths))
+    output.write_marker(builtin.marker(counts, sample, probes, inputs, paths))
     result = {
       "counts": dataclasses.asdict(counts),
       "files": [os.path.basename(p) for p in paths],
@@ -181,7 +255,5 @@ def _merge(reports: list[dict], work_dir, out_dir, inputs, shards, sample) -> No
   except DataError as e:
     result = {"error": str(e)}
     with contextlib.suppress(OSError):
-      clear_outputs(out_dir)
-  path = os.path.join(work_dir, _RESULT)
-  with WritesTo(path), open(path, "w", encoding="utf-8") as f:
-    json.dump(result, f)
+      output.clear()
+  output.write_json(os.path.join(work_dir, _RESULT), result)

@@ -96,10 +96,14 @@ def storage_options() -> remote.StorageOptions:
 
 
 class _ShardWriter:
-  """`rows` rows in time order → `shards` parquet files; file k ends at row rows*(k+1)//shards."""
+  """`rows` rows in time order → `shards` parquet files; file k ends at row rows*(k+1)//shards.
 
-  def __init__(self, out_dir: str, rows: int, shards: int):
-    self.out_dir, self.shards = out_dir, shards
+  A local file is written under a temporary name and renamed; with a `filesystem` (a bucket's,
+  `out_dir` a path in it) each file is written under its name: an object appears when closed.
+  """
+
+  def __init__(self, out_dir: str, rows: int, shards: int, filesystem=None):
+    self.out_dir, self.shards, self.filesystem = out_dir, shards, filesystem
     self.ends = [rows * (k + 1) // shards for k in range(shards)]
     self.paths: list[str] = []
     self.writer, self.tmp, self.written = None, None, 0
@@ -128,6 +132,8 @@ class _ShardWriter:
         path = os.path.join(self.out_dir, FILE_PATTERN.format(len(self.paths), self.shards))
         self.paths.append(path)
         self.tmp = os.path.join(self.out_dir, f".tmp-{os.getpid()}-{os.path.basename(path)}")
+        if self.filesystem is not None:
+          self.tmp = path
         # Page checksums as `generate` writes them: `prepare` verifies them.
         self.writer = pq.ParquetWriter(
           self.tmp,
@@ -135,6 +141,7 @@ class _ShardWriter:
           use_dictionary=_DICTIONARY,
           write_statistics=_STATISTICS,
           write_page_checksum=True,
+          filesystem=self.filesystem,
         )
       room = self.ends[len(self.paths) - 1] - self.written
       with WritesTo(self.paths[-1]):
@@ -144,7 +151,8 @@ class _ShardWriter:
       if self.written == self.ends[len(self.paths) - 1]:
         with WritesTo(self.paths[-1]):
           self.writer.close()
-        os.replace(self.tmp, self.paths[-1])
+        if self.filesystem is None:
+          os.replace(self.tmp, self.paths[-1])
         self.writer, self.tmp = None, None
 
   def close(self) -> list[str]:
@@ -157,7 +165,10 @@ class _ShardWriter:
     if self.writer is not None:
       with contextlib.suppress(OSError):
         self.writer.close()
-    if self.tmp and os.path.exists(self.tmp):
+    if self.tmp and self.filesystem is not None:
+      with contextlib.suppress(OSError):
+        self.filesystem.delete_file(self.tmp)
+    elif self.tmp and os.path.exists(self.tmp):
       os.remove(self.tmp)
 
 
@@ -173,7 +184,7 @@ def _sorted(table: pa.Table) -> pa.Table:
   return table.take(pc.sort_indices(table, [("event_time", "ascending")]))
 
 
-def _write_run(tables: list[pa.Table], runs_dir: str, index: int, prefix: str = "run") -> str:
+def _write_run(tables, runs_dir: str, index: int, prefix: str = "run", filesystem=None) -> str:
   """`tables` sorted by time (`_sorted`) into `runs_dir`/`prefix`-`index`.parquet."""
   path = os.path.join(runs_dir, f"{prefix}-{index:05d}.parquet")
   table = _sorted(pa.concat_tables(tables))
@@ -185,11 +196,12 @@ def _write_run(tables: list[pa.Table], runs_dir: str, index: int, prefix: str = 
       compression="lz4",
       use_dictionary=_DICTIONARY,
       write_statistics=False,
+      filesystem=filesystem,
     )
   return path
 
 
-def _merge(runs: list[str]):
+def _merge(runs: list[str], filesystem=None):
   """The rows of time-sorted run files in time order, a bounded piece at a time: equal times
   in run order, then in their order in the run.
 
@@ -199,7 +211,10 @@ def _merge(runs: list[str]):
   batches (the bound): nothing later in any run comes before it. A run whose batches end at
   the bound is read on until past it, so every row at the bound is there to be ordered.
   """
-  readers = [pq.ParquetFile(path).iter_batches(batch_size=_MERGE_BATCH) for path in runs]
+  readers = [
+    pq.ParquetFile(path, filesystem=filesystem).iter_batches(batch_size=_MERGE_BATCH)
+    for path in runs
+  ]
 
   def read(i: int) -> pa.Table | None:
     batch = next(readers[i], None)
@@ -235,7 +250,9 @@ def _merge(runs: list[str]):
     yield _sorted(pa.concat_tables(ready))
 
 
-def gather_runs(tables, runs_dir, run_rows, sample, runs, probes, prefix="run") -> list[pa.Table]:
+def gather_runs(
+  tables, runs_dir, run_rows, sample, runs, probes, prefix="run", filesystem=None
+) -> list[pa.Table]:
   """Row `tables` into time-sorted run files of at least `run_rows` rows, appended to `runs`;
   the probe keys of their rows added to `probes` when sampling. Returns the rows left over,
   fewer than `run_rows` (the caller writes them as the last run, or alone sorts them)."""
@@ -248,7 +265,7 @@ def gather_runs(tables, runs_dir, run_rows, sample, runs, probes, prefix="run") 
       buffer.append(table)
       buffered += table.num_rows
       if buffered >= run_rows:
-        runs.append(_write_run(buffer, runs_dir, len(runs), prefix))
+        runs.append(_write_run(buffer, runs_dir, len(runs), prefix, filesystem))
         buffer, buffered = [], 0
   return buffer
 
@@ -276,12 +293,13 @@ def marker(counts, sample: Sample | None, probes: int, inputs: list[str], paths:
   }
 
 
-def write_shards(out_dir: str, runs: list[str], rows: int, shards: int) -> list[str]:
+def write_shards(out_dir: str, runs: list[str], rows: int, shards: int, filesystem=None) -> list:
   """The rows of time-sorted `runs` (`_write_run`'s, in input order), `rows` in all, merged
-  into `shards` files in `out_dir`; a file being written when this fails is removed."""
-  writer = _ShardWriter(out_dir, rows, shards)
+  into `shards` files in `out_dir` (a path of `filesystem` when given, for a bucket); a file
+  being written when this fails is removed."""
+  writer = _ShardWriter(out_dir, rows, shards, filesystem)
   try:
-    for piece in _merge(runs):
+    for piece in _merge(runs, filesystem):
       writer.write(piece)
     return writer.close()
   finally:

@@ -137,3 +137,37 @@ def test_cli_passes_the_options_after_the_separator_to_beam(tmp_path, lines, cap
   assert "9,009 rows written in 1 files" in capsys.readouterr().out
   assert cli.main(["ingest", *inputs, "--out", out, "--", *DIRECT]) == 2
   assert "add --runner beam" in capsys.readouterr().err
+
+
+def test_a_bucket_output_gets_the_builtin_files(tmp_path, lines, monkeypatch):
+  # s3:// (a local S3 server) as gs:// on Dataflow: runs, shards and marker through pyarrow.fs.
+  boto3 = pytest.importorskip("boto3")
+  moto_server = pytest.importorskip("moto.server")
+  for key in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+    monkeypatch.delenv(key, raising=False)
+  monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+  monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+  monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+  inputs = _inputs(tmp_path / "in", lines)
+  builtin.ingest(inputs, str(tmp_path / "builtin"), shards=2, progress=False)
+  server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+  server.start()
+  try:
+    host, port = server.get_host_and_port()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
+    client.create_bucket(Bucket="atlas")
+    client.put_object(Bucket="atlas", Key="raw/pings-00000-of-00009.parquet", Body=b"old")
+    summary = beam_runner.ingest(
+      inputs, "s3://atlas/raw", beam_args=DIRECT, shards=2, run_rows=1_000
+    )
+    listed = client.list_objects_v2(Bucket="atlas", Prefix="raw/")["Contents"]
+    files = {
+      o["Key"][4:]: client.get_object(Bucket="atlas", Key=o["Key"])["Body"].read()
+      for o in listed
+      if not o["Key"].endswith("/")  # pyarrow's empty marker of a folder
+    }
+  finally:
+    server.stop()
+  assert files == _files(tmp_path / "builtin")  # the earlier run's file gone, no work folder
+  assert summary.files == [f"s3://atlas/raw/{FILE_PATTERN.format(k, 2)}" for k in range(2)]
