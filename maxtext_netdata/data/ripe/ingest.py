@@ -320,7 +320,7 @@ def _mapped_blocks(
 
   def mapped(block, uri):
     block_counts = reference.Counts()
-    rows_of_block = ripe_scan.rows_of_block if scan else reference.rows_of_block
+    rows_of_block = ripe_scan.ingest_rows_of_block if scan else reference.rows_of_block
     return rows_of_block(block, uri, block_counts, skip_bad, sample), block_counts
 
   def done(future) -> pa.Table:

@@ -13,19 +13,28 @@ otherwise, both correctly rounded as DuckDB's reader is, so every value is the r
 
 Lines handed over go to the reference a run of consecutive lines at a time (their line
 numbers and row order kept); a block with more than `_MAX_RUNS` runs goes to it whole.
+
+The first run on a machine (an empty numba cache) does not wait for the kernels' compile
+(~25-60 s for the scanner, ~15 s for the address parser and the line screen): `load` starts
+it on a thread (`kernels.warmup`) and `ingest_rows_of_block` maps the blocks that come
+meanwhile with the reference path and the kernels' uncompiled stand-ins, then hands over to
+the scanner. Both paths give the same rows, counts and errors, so the output does not depend
+on which block each one mapped (tests/data/ripe/test_cold_start.py).
 """
 
 from __future__ import annotations
 
-import sys
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from maxtext_netdata.data.raw import ip_text
 from maxtext_netdata.data.ripe import reference
 from maxtext_netdata.data.ripe.sample import Sample
+from maxtext_netdata.data.ripe.scanner import json_scan
 from maxtext_netdata.data.ripe.scanner.kernel import (
   BLANK,
   DST,
@@ -42,9 +51,19 @@ from maxtext_netdata.data.ripe.scanner.kernel import (
   VER,
   scan_block,
 )
+from maxtext_netdata.kernels import warmup
 from maxtext_netdata.kernels.ascii import NEWLINE
 
-__all__ = ["BLANK", "HANDED", "OTHER", "PING", "load", "rows_of_block", "scan"]
+__all__ = [
+  "BLANK",
+  "HANDED",
+  "OTHER",
+  "PING",
+  "ingest_rows_of_block",
+  "load",
+  "rows_of_block",
+  "scan",
+]
 _MAX_RUNS = 8
 _TIME = reference.ROW_SCHEMA.field("event_time").type
 
@@ -116,28 +135,91 @@ _SAMPLE = (
 )
 
 
-def load(notice_after_s: float = 2.0) -> None:
-  """Compiles or loads the scanner's kernels before the first block is read.
+# Input mapped before the scanner's first compile on a machine starts (~25-60 s of a core):
+# a smaller input is read by the reference path alone, which then costs less than the compile.
+COMPILE_AFTER_BYTES = 256 << 20
+_SCANNER = "ingest scanner"  # its `warmup` step
 
-  The first use on a machine compiles them (about a minute; numba caches the result), which
-  would otherwise look like a stalled progress bar: when this takes longer than
-  `notice_after_s`, one line on stderr says why.
+
+def _warm_ip_text() -> None:
+  reference.addresses_fit(pa.array(["10.0.0.1", None]), np.full(2, 4))
+
+
+def _warm_object_lines() -> None:
+  json_scan.object_lines(_bytes_of(_SAMPLE))
+
+
+def _warm_scanner() -> None:
+  # After the helpers: numba compiles one kernel at a time, and the helpers serve every block.
+  warmup.wait(ip_text.WARMUP)
+  warmup.wait(json_scan.WARMUP)
+  scan(_SAMPLE)
+
+
+class _Loading:
+  """When `rows_of_block` takes the scanner: once it is compiled, compiled only once
+  `compile_after_bytes` of input have come (or at once when numba's cache holds it)."""
+
+  def __init__(self, compile_after_bytes: int, notice_after_s: float):
+    self.lock = threading.Lock()
+    self.seen, self.compile_after_bytes = 0, compile_after_bytes
+    self.notice_after_s = notice_after_s
+    self.takes = _takes
+
+  def start_scanner(self) -> None:
+    warmup.start(
+      [(_SCANNER, _warm_scanner, _NOTICE.format("the JSON scanner"))],
+      self.notice_after_s,
+      "ingest-compile-scanner",
+    )
+
+  def scanner_takes(self, block: reference.Block) -> bool:
+    if self.takes is not None:
+      return self.takes(block)
+    if not warmup.started(_SCANNER):
+      with self.lock:
+        self.seen += len(block.data)
+        start = self.seen >= self.compile_after_bytes
+      if start:
+        self.start_scanner()
+    return warmup.started(_SCANNER) and not warmup.pending(_SCANNER)
+
+
+_NOTICE = (
+  "ingest: compiled {} on a thread (its first use on this machine; cached for later runs;"
+  " DuckDB's path read the input meanwhile)"
+)
+_loading: _Loading | None = None
+# Tests force the handover with it: whether the scanner takes a block (else the reference)
+# in place of whether it is compiled yet (it is compiled on the spot for the blocks it takes).
+_takes: Callable[[reference.Block], bool] | None = None
+
+
+def load(notice_after_s: float = 2.0, compile_after_bytes: int = COMPILE_AFTER_BYTES) -> None:
+  """Makes the kernels `rows_of_block` uses ready without waiting for their first compile.
+
+  Loaded from numba's cache (a later run on a machine, ~0.5 s), they are loaded here. Not in
+  the cache (the first run), they compile on a thread while the blocks are mapped without
+  them: the address parser and the line screen (`ip_text`, `json_scan.object_lines`: ~15 s
+  cold, needed by both paths) by their uncompiled equivalents, and the results by the
+  reference path until the scanner is compiled; that compile (~25-60 s) starts only once
+  `compile_after_bytes` of input have been read, so a smaller input never waits for it or
+  pays for it. Either path gives the same rows, counts and errors (tests/data/ripe). Each
+  compile that takes more than `notice_after_s` says so on stderr, with its time.
   """
-  notice = threading.Timer(
-    notice_after_s,
-    print,
-    (
-      "ingest: compiling the JSON scanner (its first use on this machine, about a minute;"
-      " cached for later runs)",
-    ),
-    {"file": sys.stderr, "flush": True},
-  )
-  notice.daemon = True
-  notice.start()
-  try:
-    rows_of_block(reference.Block(_SAMPLE, 1, 1, "line"), "(sample)", reference.Counts(), False)
-  finally:
-    notice.cancel()
+  global _loading
+  loading = _Loading(compile_after_bytes, notice_after_s)
+  helpers = [
+    (ip_text.WARMUP, _warm_ip_text, _NOTICE.format("the address parser")),
+    (json_scan.WARMUP, _warm_object_lines, _NOTICE.format("the line screen")),
+  ]
+  if all(map(warmup.cached, (ip_text._parse_all, json_scan._object_lines))):
+    for _, warm, _ in helpers:
+      warm()
+  warmup.start(helpers, notice_after_s, "ingest-compile")
+  if compile_after_bytes <= 0 or warmup.cached(scan_block):
+    loading.start_scanner()
+  _loading = loading
 
 
 def _scanned(buf: np.ndarray, lines: int, sample: Sample | None = None):
@@ -230,3 +312,18 @@ def rows_of_block(
   if not tables:
     return reference.ROW_SCHEMA.empty_table()
   return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def ingest_rows_of_block(
+  block: reference.Block,
+  path: str,
+  counts: reference.Counts,
+  skip_bad: bool,
+  sample: Sample | None = None,
+) -> pa.Table:
+  """`ingest`'s mapping of a block: by `rows_of_block` once the scanner is compiled (`load`),
+  by `reference.rows_of_block` before; the same rows, counts and errors either way."""
+  loading = _loading
+  if loading is not None and not loading.scanner_takes(block):
+    return reference.rows_of_block(block, path, counts, skip_bad, sample)
+  return rows_of_block(block, path, counts, skip_bad, sample)

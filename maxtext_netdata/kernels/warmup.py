@@ -1,0 +1,107 @@
+"""Compiling kernels on a background thread, so that a command's first run on a machine (an
+empty numba cache) does useful work while they compile instead of waiting for them.
+
+`start(name, steps)` runs each step (a function that calls one kernel on a tiny input: it
+compiles the kernel, or loads it from numba's cache) in order on one daemon thread; `pending`
+says whether a step has been started and has not finished yet. A caller that has an exact
+uncompiled way to do the same work (numpy, Python, DuckDB) takes it while `pending` is true
+and the kernel afterwards, so nothing waits; a caller without one calls the kernel, which then
+waits for the compile under numba's compiler lock as it would have compiled it itself.
+
+numba compiles one kernel at a time per process (its global compiler lock): a kernel the main
+thread needs while the thread compiles another one waits for that one too. The steps are
+hence ordered by need, the kernels every path needs first, and a kernel whose only use is a
+faster path (the ingest scanner) last.
+
+A step that takes longer than `notice_after_s` says so on stderr in one line, with its time:
+what a cold compile costs is printed where it is paid. Our own code because numba has no
+background compile.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+NOTICE_AFTER_S = 2.0
+
+_lock = threading.Lock()
+_started: dict[str, threading.Event] = {}  # step name -> set when the step has finished
+_seconds: dict[str, float] = {}  # step name -> seconds it took (compiled or loaded)
+_threads: list[threading.Thread] = []
+
+
+_local = threading.local()  # `warming`: set on the warm-up thread
+
+
+def pending(name: str) -> bool:
+  """Whether step `name` has been started on a thread and has not finished; False on that
+  thread itself, whose calls are the ones that compile the kernels."""
+  done = _started.get(name)
+  return done is not None and not done.is_set() and not getattr(_local, "warming", False)
+
+
+def started(name: str) -> bool:
+  return name in _started
+
+
+def seconds(name: str) -> float | None:
+  """Seconds step `name` took on its thread (None until it finished)."""
+  return _seconds.get(name)
+
+
+def wait(name: str, timeout: float | None = None) -> bool:
+  """Waits for step `name` (if started); whether it has finished."""
+  done = _started.get(name)
+  return done is None or done.wait(timeout)
+
+
+def cached(kernel) -> bool:
+  """Whether numba's on-disk cache holds machine code of `kernel` (a `cache=True` dispatcher)
+  for its source as it is: then calling it loads (~0.1-0.5 s) instead of compiling. A guess
+  from the cache's index (any signature, this source stamp); False when it cannot tell."""
+  try:
+    return bool(kernel._cache._cache_file._load_index())
+  except Exception:  # numba's private API: the guess is only about time, never results
+    return False
+
+
+def start(
+  steps: list[tuple[str, Callable[[], object], str | None]],
+  notice_after_s: float = NOTICE_AFTER_S,
+  thread_name: str = "kernel-warmup",
+) -> threading.Thread | None:
+  """Runs `steps` (name, warm, notice) in order on one daemon thread, those not started before.
+
+  `notice`, when given, is printed on stderr as `f"{notice} in {seconds:.1f} s"` when the step
+  took more than `notice_after_s`. A step that raises is ended (its error printed on stderr by
+  the thread) and the next runs; a caller's own call to the kernel then raises it again.
+  """
+  with _lock:
+    todo = [step for step in steps if step[0] not in _started]
+    for name, _, _ in todo:
+      _started[name] = threading.Event()
+  if not todo:
+    return None
+
+  def run() -> None:
+    _local.warming = True
+    for name, warm, notice in todo:
+      began = time.perf_counter()
+      try:
+        warm()
+      except Exception as e:  # the kernel raises again where it is called
+        print(f"{name}: compile failed on the warm-up thread: {e!r}", file=sys.stderr, flush=True)
+      finally:
+        took = time.perf_counter() - began
+        _seconds[name] = took
+        _started[name].set()
+      if notice and took > notice_after_s:
+        print(f"{notice} in {took:.1f} s", file=sys.stderr, flush=True)
+
+  thread = threading.Thread(target=run, name=thread_name, daemon=True)
+  _threads.append(thread)
+  thread.start()
+  return thread
