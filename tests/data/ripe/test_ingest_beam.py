@@ -5,6 +5,7 @@ import bz2
 import json
 import os
 import random
+import tempfile
 
 import pytest
 
@@ -130,11 +131,15 @@ def test_a_bad_line_fails_the_cli_with_the_builtin_one_line_error(tmp_path, line
   assert os.listdir(tmp_path / "b") == []
 
 
-def test_cli_passes_the_options_after_the_separator_to_beam(tmp_path, lines, capsys):
+def test_cli_passes_the_options_after_the_separator_to_beam(tmp_path, lines, capsys, monkeypatch):
   inputs = _inputs(tmp_path / "in", lines)
   out = str(tmp_path / "out")
+  (tmp_path / "tmp").mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
   assert cli.main(["ingest", *inputs, "--out", out, "--runner", "beam", "--", *DIRECT]) == 0
   assert "9,009 rows written in 1 files" in capsys.readouterr().out
+  assert os.listdir(tmp_path / "tmp") == []  # Beam's temporary folders removed with the run
+  assert sorted(os.listdir(out)) == [".complete", FILE_PATTERN.format(0, 1)]
   assert cli.main(["ingest", *inputs, "--out", out, "--", *DIRECT]) == 2
   assert "add --runner beam" in capsys.readouterr().err
 
