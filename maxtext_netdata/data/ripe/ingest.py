@@ -507,6 +507,8 @@ def run(args) -> int:
     )  # fmt: skip
   elif beam_args:
     raise UserError("options after `--` are Beam pipeline options: add --runner beam")
+  elif remote.is_remote(args.out):
+    raise UserError(f"--out {args.out}: a bucket needs --runner beam (this runner writes a folder)")
   else:
     summary = ingest(
       args.inputs, args.out, shards=args.shards, skip_bad=args.skip_bad, sample=sample,

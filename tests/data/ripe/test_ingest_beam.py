@@ -142,6 +142,8 @@ def test_cli_passes_the_options_after_the_separator_to_beam(tmp_path, lines, cap
   assert sorted(os.listdir(out)) == [".complete", FILE_PATTERN.format(0, 1)]
   assert cli.main(["ingest", *inputs, "--out", out, "--", *DIRECT]) == 2
   assert "add --runner beam" in capsys.readouterr().err
+  assert cli.main(["ingest", *inputs, "--out", "gs://bucket/raw"]) == 2
+  assert "a bucket needs --runner beam" in capsys.readouterr().err
 
 
 def test_a_bucket_output_gets_the_builtin_files(tmp_path, lines, monkeypatch):
