@@ -8,7 +8,7 @@ On one generated sample (`maxtext-netdata generate`, `--rows` rows), prepared on
   its load from the on-disk cache (another fresh process), right after the builder's creation
   and after a trainer-like start-up (JAX's import and a compile) that the load overlaps;
 - per host batch size (rows x seq-len), in-process (grain_worker_count=0), with Grain's read
-  threads (grain_num_threads=2, the default) and without (0): real (non-PAD) tokens per CPU
+  threads (grain_num_threads=2) and without (0, the default): real (non-PAD) tokens per CPU
   second of this process from the store to global `jax.Array`s (the Grain iterator, then
   `interface.to_global`), the time to the first global batch from iterator creation (a fresh
   builder: its epoch plan included; JAX warmed up first), ms per batch in the iterator's `next`

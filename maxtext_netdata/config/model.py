@@ -129,12 +129,16 @@ class ConfigModel(BaseModel):
   grain_eval_files: Text = Field(
     "", description="raw parquet for eval; empty: the test split of grain_train_files"
   )
+  # Defaults by measurement (docs/performance.md, "Loader defaults"): the batch kernel runs
+  # without the GIL, so building in the training process costs 4-10x less CPU per token than
+  # worker processes (Grain's per-element IPC) and starts in milliseconds, not seconds; read
+  # threads cost 1.1-2x the CPU per token and were not faster in wall time on 2 cores.
   grain_worker_count: WorkerCount = Field(
-    -1, description="Grain worker processes; 0 in-process; -1 picks from cores and memory"
+    0, description="Grain worker processes; 0 in-process; -1 picks from cores and memory"
   )
   grain_per_worker_buffer_size: int = Field(2, description="batches each worker keeps ready")
   grain_num_threads: int = Field(
-    2, description="read threads of to_iter_dataset (in-process prefetch)"
+    0, description="read threads of to_iter_dataset (in-process prefetch); 0 builds in next()"
   )
   grain_prefetch_buffer_size: int = Field(4, description="batches prefetched by those threads")
   grain_ram_budget_mb: int = Field(2048, description="memory the -1 worker count may use")

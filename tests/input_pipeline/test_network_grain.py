@@ -71,11 +71,14 @@ def test_iterator_ends_after_num_epoch(store):
   assert count == 2 * builder.steps_per_epoch == builder.num_steps
 
 
-def test_forever_has_no_end(store):
-  config, builder = make(store, "grain_worker_count=0", num_epoch=-1)
+@pytest.mark.parametrize("threads", [0, 2])
+def test_forever_has_no_end(store, threads):
+  config, builder = make(
+    store, "grain_worker_count=0", f"grain_num_threads={threads}", num_epoch=-1
+  )
   assert builder.num_steps is None
-  iterator = network_grain.make_iterator(config, builder, 0, BATCH, None)
-  iterator.set_state({"next_index": 5 * builder.steps_per_epoch})
+  start = 5 * builder.steps_per_epoch
+  iterator = network_grain.make_iterator(config, builder, 0, BATCH, None, start=start)
   assert next(iterator)["inputs"].shape == (BATCH, 256)
   iterator.close()
 
