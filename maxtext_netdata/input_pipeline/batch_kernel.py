@@ -17,12 +17,13 @@ NUMBA_CACHE_DIR) on the first call ever, so later runs and spawned Grain workers
 instead of compiling. Loading still sets up numba's compiler state in each new process (~0.5 s,
 most of it numba's BLAS probe importing scipy.linalg); `load_in_background` starts that on a
 thread so it overlaps the rest of start-up (store checks, JAX, the model's compile) instead of
-delaying the first batch.
+delaying the first batch; there a builder also calls the kernel on a batch of no rows with its
+own argument types, so that a machine's first run compiles it (~6 s, more on a busy machine)
+behind that start-up too.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import NamedTuple
 
 import numba
@@ -31,7 +32,7 @@ import numpy as np
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.format.tokenizer import PERMUTATIONS
 from maxtext_netdata.input_pipeline import rng
-from maxtext_netdata.kernels import kernel_cache
+from maxtext_netdata.kernels import kernel_cache, warmup
 
 kernel_cache.install()  # the cache keyed on the token format's and rng's text too
 
@@ -148,12 +149,16 @@ class _Taken(NamedTuple):
 
 @numba.njit(cache=True, nogil=True)
 def fill_batch(plan_rows, contexts, store, settings, out, shifted):
-  """Writes the batch whose row r is plan row `plan_rows[r]` into `out` (`Outputs`).
+  """Writes the batch whose row r is plan row `plan_rows[r]` into `out` (`Outputs`' fields).
 
-  contexts, store, settings: `Contexts`, `StoreColumns`, `Settings`. The three targets
-  arrays of `out` are written only when `shifted` (pass the inputs arrays there otherwise:
-  never touched).
+  contexts, store, settings, out: the fields of `Contexts`, `StoreColumns`, `Settings` and
+  `Outputs` as plain tuples (`tuple(named)`), named again here. numba types a plain tuple's
+  arguments in its C dispatcher and a named tuple's in Python: the named ones cost ~10 µs a
+  call, as much as the pass over a small batch. The three targets arrays of `out` are
+  written only when `shifted` (pass the inputs arrays there otherwise: never touched).
   """
+  contexts, store = Contexts(*contexts), StoreColumns(*store)
+  settings, out = Settings(*settings), Outputs(*out)
   seq_len = out.inputs.shape[1]
   capacity = seq_len // _SHORTEST_V4 + 1  # measurements of one context, segments of a row
   taken = _Taken(
@@ -455,18 +460,23 @@ def _loaded():
   return 0
 
 
-_loading: list[threading.Thread] = []
-_loading_lock = threading.Lock()
-
-
-def load_in_background() -> None:
+def load_in_background(warm=None) -> None:
   """Starts (once per process) loading a cached kernel on a daemon thread: numba sets up its
   compiler state, which every kernel's first call needs; a kernel called meanwhile waits for
-  it under numba's compiler lock."""
-  with _loading_lock:
-    if not _loading:
-      _loading.append(threading.Thread(target=_loaded, name="batch-kernel-load", daemon=True))
-      _loading[0].start()
+  it under numba's compiler lock. `warm`, when given, is then called on that thread: a call
+  of `fill_batch` with a builder's own argument types (a batch of no rows), so that the
+  kernel its first batch needs is loaded, or on a machine's first run compiled (~6-20 s), while
+  the rest of start-up runs; that compile says so on stderr with its time when it is long."""
+  steps = [("batch kernel set-up", _loaded, None)]
+  if warm is not None:
+    steps.append(("batch kernel", warm, _NOTICE))
+  warmup.start(steps, thread_name="batch-kernel-load")
+
+
+_NOTICE = (
+  "batches: compiled the batch kernel on a thread (its first use on this machine; cached for"
+  " later runs)"
+)
 
 
 def permutations() -> np.ndarray:

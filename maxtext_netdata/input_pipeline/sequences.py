@@ -112,7 +112,7 @@ class BatchBuilder:
     self._settings: dict[int, batch_kernel.Settings] = {}
     self._lock = threading.Lock()  # Grain's read threads share the builder
     self._buffers = buffers.OutputPool()  # batches' memory, reused once they are released
-    batch_kernel.load_in_background()  # while plans, JAX and the model get ready
+    batch_kernel.load_in_background(self._warm_kernel)  # while plans, JAX and the model get ready
 
   @classmethod
   def from_config(cls, config, store, global_batch_size: int, **overrides) -> BatchBuilder:
@@ -205,6 +205,10 @@ class BatchBuilder:
       hashed_order=hashed,
     )
 
+  @functools.cached_property
+  def _store_tuple(self) -> tuple:
+    return tuple(self._store_columns)
+
   def _settings_of(self, epoch: int) -> batch_kernel.Settings:
     """The kernel's settings for the batches of `epoch` (the last epoch's kept: its stream
     keys take ~70 us, as much as the pass over a small batch)."""
@@ -229,25 +233,33 @@ class BatchBuilder:
     position = step_in_epoch * self.global_batch_size + np.arange(lo, hi)
     return BatchRows(epoch=epoch, plan=plan, plan_rows=plan.order[position % plan.num_rows])
 
+  def _warm_kernel(self) -> None:
+    """`fill_batch` called on a batch of no rows, with the argument types of every batch:
+    compiles (or loads) the kernel's variant the batches use, on `load_in_background`'s
+    thread. Epoch 0's plan, made here, is the one the first batch needs."""
+    try:
+      rows = self.gather(0, 0, 0)
+    except DataError:
+      return  # the batches raise it
+    empty = batch_kernel.empty_output((0, self.seq_len))
+    batch_kernel.fill_batch(*self._kernel_args(rows, (empty,) * len(KEYS)), False)
+
+  def _kernel_args(self, rows: BatchRows, arrays) -> tuple:
+    """`fill_batch`'s arguments but `shifted`, as plain tuples (its dispatch), the store's
+    built once."""
+    plan = rows.plan
+    contexts = (plan.context_offsets, plan.context_probe, plan.context_start, plan.context_end)
+    settings = tuple(self._settings_of(rows.epoch))
+    return rows.plan_rows, contexts, self._store_tuple, settings, tuple(arrays)
+
   def _fill(self, rows: BatchRows, shifted: bool) -> dict[str, np.ndarray]:
     shape = (len(rows.plan_rows), self.seq_len)
     names = KEYS if shifted else INPUT_KEYS
     out = dict(zip(names, self._buffers.take(shape, len(names)), strict=True))
     inputs = [out[key] for key in INPUT_KEYS]
     targets = [out[key] for key in KEYS[3:]] if shifted else inputs
-    plan = rows.plan
-    contexts = batch_kernel.Contexts(
-      plan.context_offsets, plan.context_probe, plan.context_start, plan.context_end
-    )
     try:
-      batch_kernel.fill_batch(
-        rows.plan_rows,
-        contexts,
-        self._store_columns,
-        self._settings_of(rows.epoch),
-        batch_kernel.Outputs(*inputs, *targets),
-        shifted,
-      )
+      batch_kernel.fill_batch(*self._kernel_args(rows, (*inputs, *targets)), shifted)
     except ValueError as e:  # the kernel checks what it reads from the store
       raise DataError(f"{self.store.path}: {e}") from None
     return out
