@@ -21,8 +21,8 @@ from tests.helpers.maxtext import bench, ok
 pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
 pytest.importorskip("datasets", reason="MaxText's hf pipeline needs datasets ('.[maxtext]')")
 
+from maxtext_netdata.bench import maxtext_bench, text_corpus  # noqa: E402
 from maxtext_netdata.bench import report as bench_report  # noqa: E402
-from maxtext_netdata.bench import text_corpus  # noqa: E402
 from maxtext_netdata.bench.report import WARMUP_STEPS  # noqa: E402
 
 # Each test starts MaxText and its training: the full suite runs them, `--fast` does not.
@@ -137,6 +137,21 @@ def test_grain_arrayrecord_with_a_sleeping_map_is_the_bottleneck(tmp_path, array
     assert "raise grain_worker_count (now 0" in text
   else:
     assert "tokenize offline" in text
+
+
+@pytest.mark.parametrize("kind", ["hf", "grain"])
+def test_a_starved_verdict_names_only_buffers_the_pipeline_reads(kind):
+  loading = {"batch_s": 0.005, "batch_time_s": {"p90": 0.006}, "workers": 1}
+  records = [{"step": i, "step_time_s": 0.03, "data_wait_s": 0.015} for i in range(6)]
+  real = bench_report.training_summary(records, WARMUP_STEPS)
+  verdict = bench_report.decide(0.014, "synthetic", loading, real, 0.014, "unused")
+  assert verdict["kind"] == bench_report.STARVED
+  advice = maxtext_bench.advice_for_pipeline(verdict, kind)["text"]
+  assert advice.startswith("Loading is fast alone but starved in training")
+  if kind == "hf":
+    assert "grain_per_worker_buffer_size" not in advice and "hf pipeline fixes its" in advice
+  else:
+    assert advice == verdict["text"] and "grain_per_worker_buffer_size" in advice
 
 
 @pytest.mark.skipif(
