@@ -114,16 +114,25 @@ def format_table(report: dict) -> str:
         + " real tokens/s",
       )
     )
+  switched = report.get("switch_sweep") or {"runs": [], "best": {}, "stopped": None}
   sweep = report["batch_sweep"]
   if sweep:
+    # The switches tried on the configured batch first, then the sizes (with the best switches).
     entries = [
+      f"{_switches(r['switches'])}: "
+      + ("failed" if "error" in r else f"{r['tokens_per_s']:,.0f} tokens/s, MFU {share(r['mfu'])}")
+      for r in switched["runs"]
+    ]
+    entries += [
       f"{r['per_device_batch_size']:g}: failed"
       if "error" in r
       else f"{r['per_device_batch_size']:g}: {r['tokens_per_s']:,.0f} tokens/s, MFU {share(r['mfu'])}"
       for r in sweep["runs"]
     ]
-    stopped = f" ({sweep['stopped']})" if sweep["stopped"] else ""
-    rows.append(("batch sweep", "; ".join(entries) + f"; best {sweep['best']:g}{stopped}"))
+    stops = [why for why in (switched["stopped"], sweep["stopped"]) if why]
+    stopped = f" ({'; '.join(stops)})" if stops else ""
+    best = f" with {_switches(switched['best'])}" if switched["best"] else ""
+    rows.append(("batch sweep", "; ".join(entries) + f"; best {sweep['best']:g}{best}{stopped}"))
   for name, error in report["errors"].items():
     rows.append((f"{name} failed", error))
   for name, why in report["skipped"].items():
@@ -150,3 +159,7 @@ def share(value: float | None) -> str:
 
 def gib(value: int | None) -> str:
   return "n/a" if value is None else f"{value / 2**30:.1f} GiB"
+
+
+def _switches(switches: dict[str, str]) -> str:
+  return " ".join(f"{key}={value}" for key, value in switches.items())

@@ -172,6 +172,44 @@ def test_batch_sweep_stops_before_overrunning_the_budget(monkeypatch, tmp_path):
   assert sweep["stopped"] == "per_device_batch_size=16 and the sizes after it: 5 s left"
 
 
+def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch, tmp_path):
+  """cuDNN refusing the shapes is a result, not the end of the sweep; float32 is slower."""
+  tokens_per_s = {"einsum": 20_000.0, "float32": 10_000.0}
+
+  def fake_measure(cfg, steps, run_dir, peak, devices, dataset_type, attention=None, dtype=None):
+    if attention == "cudnn":
+      raise NotImplementedError("The head dim must be <= 256 and a multiple of 8\ndetails")
+    return _configured_run(32.0, tokens_per_s["einsum" if attention else dtype])
+
+  monkeypatch.setattr(accelerator_check, "measure_training", fake_measure)
+  cfg = config.load(None, ["per_device_batch_size=32"])
+  configured = _configured_run(32.0, 15_000.0)
+  sweep = accelerator_check.sweep_switches(
+    cfg,
+    accelerator_check.ACCELERATOR,
+    tmp_path,
+    configured,
+    {"peak_tflops": None, "devices": 1},
+    _Left(1e9),
+  )
+  assert [r["switches"] for r in sweep["runs"]] == list(accelerator_check.ACCELERATOR.switches)
+  assert sweep["runs"][0]["error"].startswith("NotImplementedError: The head dim")
+  assert [r.get("tokens_per_s") for r in sweep["runs"]] == [None, 20_000.0, 10_000.0]
+  assert sweep["best"] == {"attention": "einsum"} and sweep["stopped"] is None
+  assert sweep["best_run"]["tokens_per_s"] == 20_000.0
+
+  stopped = accelerator_check.sweep_switches(
+    cfg,
+    accelerator_check.ACCELERATOR,
+    tmp_path,
+    configured,
+    {"peak_tflops": None, "devices": 1},
+    _Left(5.0),
+  )
+  assert stopped["runs"] == [] and stopped["best"] == {}
+  assert stopped["stopped"] == "attention=cudnn and the switches after it: 5 s left"
+
+
 def _trace(path: Path, events: int) -> None:
   timed = [
     {"ph": "X", "pid": 1, "tid": 2, "ts": float(i), "dur": 0.5, "name": f"op {i} " + "x" * 40}
