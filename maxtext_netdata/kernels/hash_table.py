@@ -21,7 +21,7 @@ import time
 import numba
 import numpy as np
 
-from maxtext_netdata.kernels import kernel_cache
+from maxtext_netdata.kernels import kernel_cache, warmup
 
 kernel_cache.install()  # cached kernels keyed on every project file imported
 
@@ -169,6 +169,11 @@ class KeyTable:
       self.clear()
       return self.lookup(words)
     return out, range(first, self.count)
+
+
+# A long first compile is named on stderr where it is paid (`warmup.noted`).
+_lookup_words = warmup.noted(_lookup_words, "compiled the key table's lookup")
+_rehash_words = warmup.noted(_rehash_words, "compiled the key table's rehash")
 
 
 def compile_seconds() -> float:

@@ -105,3 +105,26 @@ def start(
   _threads.append(thread)
   thread.start()
   return thread
+
+
+def noted(kernel, what: str, notice_after_s: float = NOTICE_AFTER_S):
+  """`kernel` (a numba dispatcher), saying on stderr when a call compiled it for longer than
+  `notice_after_s` (a machine's first run: numba's cache had no machine code for those types):
+  `f"{what} in {seconds:.1f} s (...)"`. A call that compiles nothing costs two dict lengths."""
+
+  def call(*args):
+    known = len(kernel.overloads)
+    began = time.perf_counter()
+    result = kernel(*args)
+    if len(kernel.overloads) != known:
+      took = time.perf_counter() - began
+      if took > notice_after_s and sum(kernel.stats.cache_misses.values()):
+        print(
+          f"{what} in {took:.1f} s (its first use on this machine; cached for later runs)",
+          file=sys.stderr,
+          flush=True,
+        )
+    return result
+
+  call.kernel = kernel
+  return call

@@ -1,0 +1,55 @@
+"""`kernels.warmup`: steps on a thread, what `pending` says meanwhile, and compile notices."""
+
+import os
+import subprocess
+import sys
+import threading
+
+from maxtext_netdata.kernels import warmup
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+
+
+def test_steps_run_in_order_on_one_thread_and_are_pending_until_done(capsys):
+  release, order, seen_on_thread = threading.Event(), [], []
+
+  def first():
+    seen_on_thread.append(warmup.pending("test-first"))  # the thread's own calls: not pending
+    release.wait(30)
+    order.append("first")
+
+  thread = warmup.start(
+    [("test-first", first, "first step"), ("test-second", lambda: order.append("second"), None)],
+    notice_after_s=0,
+  )
+  assert warmup.pending("test-first") and warmup.pending("test-second")
+  assert warmup.start([("test-first", first, None)]) is None  # once per process
+  release.set()
+  thread.join(30)
+  assert order == ["first", "second"] and seen_on_thread == [False]
+  assert not warmup.pending("test-first") and warmup.seconds("test-first") >= 0
+  assert not warmup.pending("never-started") and warmup.wait("never-started")
+  assert "first step in " in capsys.readouterr().err
+
+
+_NOTED = """
+import sys
+import numpy as np
+from maxtext_netdata.data.prepare import row_kernels
+from maxtext_netdata.kernels import warmup
+ties = warmup.noted(row_kernels._ties.kernel, "ties compiled", notice_after_s=0)
+ties(np.zeros(2, np.int32), np.zeros(2, np.int64), np.arange(2), np.zeros(2, np.bool_))
+ties(np.zeros(3, np.int32), np.zeros(3, np.int64), np.arange(3), np.zeros(3, np.bool_))
+"""
+
+
+def test_a_compile_is_noted_where_it_is_paid_and_a_cache_load_is_not(tmp_path):
+  env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": ROOT}
+
+  def stderr() -> str:
+    run = [sys.executable, "-c", _NOTED]
+    return subprocess.run(run, env=env, capture_output=True, text=True, check=True).stderr
+
+  first = stderr()
+  assert first.count("ties compiled in ") == 1, first  # the second call compiled nothing
+  assert "ties compiled" not in stderr()  # loaded from the cache
