@@ -178,3 +178,16 @@ def test_a_bucket_output_gets_the_builtin_files(tmp_path, lines, monkeypatch):
     server.stop()
   assert files == _files(tmp_path / "builtin")  # the earlier run's file gone, no work folder
   assert summary.files == [f"s3://atlas/raw/{FILE_PATTERN.format(k, 2)}" for k in range(2)]
+
+
+@pytest.mark.slow  # the worker processes start in ~15 s
+def test_worker_processes_write_the_builtin_files(tmp_path, lines):
+  # Each file mapped in another process (pickled settings, runs in the shared folder).
+  inputs = _inputs(tmp_path / "in", lines, bad_at=[(1, 9)])
+  builtin.ingest(inputs, str(tmp_path / "builtin"), shards=2, skip_bad=True, progress=False)
+  beam_args = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+  summary = beam_runner.ingest(
+    inputs, str(tmp_path / "beam"), beam_args=beam_args, shards=2, skip_bad=True, run_rows=1_000
+  )
+  assert _files(tmp_path / "beam") == _files(tmp_path / "builtin")
+  assert summary.counts.bad_lines == 1
