@@ -14,19 +14,25 @@ For each it times, in this one process and back to back:
 - `ingest`: the whole command (read, map, sort, write the parquet shards) with the scanner,
   with one mapping thread and with its default (one a core, at most `ingest.READERS`), and
   with the reference path (`scan=False`) and its default threads.
-Then the `1 packet` results as a JSON array and bz2-compressed, with bz2 decompression
-alone (Python's `bz2` and the `bzip2 -dc` tool) as the ceiling.
+Then the `1 packet` results as a JSON array, and bz2- and gzip-compressed (`--bz2-rows` of
+them): decompression alone by the decompressor ingest uses (`data.ripe.decompress`: for bz2
+indexed_bzip2's parallel reader, on 1 and 2 threads and every usable core), by Python's
+module and by the command-line tool (and rapidgzip, when installed, for gzip), then the whole
+`ingest` with `--decompress-threads` 1, 2 and every usable core.
 
 Per core = results / CPU seconds (user + system, all threads; for `bzip2 -dc` its own), so
-the figure holds whatever the machine's core count; wall-clock rates are printed beside it.
+the figure holds whatever the machine's core count; wall-clock rates are printed beside it:
+the parallel decompressor trades some CPU per result for wall time.
 
-  .venv/bin/python benchmarks/bench_ingest.py [--rows 300000] [--bz2-rows 100000]
+  .venv/bin/python benchmarks/bench_ingest.py [--rows 300000] [--bz2-rows 300000]
+      [--parts plain,array,bz2,gz] [--repeat 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import bz2
+import gzip
 import os
 import re
 import resource
@@ -40,7 +46,7 @@ import pyarrow.json as pj
 
 from maxtext_netdata.data import remote
 from maxtext_netdata.data.prepare import prepare
-from maxtext_netdata.data.ripe import blocks, ingest, reference, scan
+from maxtext_netdata.data.ripe import blocks, decompress, ingest, reference, scan
 from maxtext_netdata.data.synthetic.generate import generate
 
 # The reader ingest used first, for comparison: pyarrow's, with the fields the mapping needs.
@@ -59,6 +65,9 @@ def _timed(call, who=resource.RUSAGE_SELF):
   wall, cpu = time.perf_counter(), _cpu(who)
   result = call()
   return result, time.perf_counter() - wall, _cpu(who) - cpu
+
+
+_timed_once = _timed
 
 
 def _print(label: str, what: str, results: int, wall: float, cpu: float, extra: str = "") -> None:
@@ -114,6 +123,63 @@ def _report(label: str, path: str, work: str, one_reader: bool = False) -> None:
     _print(label, what, results, wall, cpu, f", {summary.counts.rows:,} rows")
 
 
+def _drain(stream) -> int:
+  """Bytes of text read from a decompressor, 16 MB at a time, as ingest reads them."""
+  try:
+    return sum(len(piece) for piece in iter(lambda: stream.read(ingest.BLOCK_BYTES), b""))
+  finally:
+    stream.close()
+
+
+def _compressed(
+  label: str, codec: str, path: str, text: bytes, results: int, work: str, repeat: int
+) -> None:
+  """Decompression alone (ingest's decompressor, Python's module, the tool), then ingest;
+  each the fastest of `repeat` runs (on a shared machine the others' load only slows)."""
+
+  def _timed(call, who=resource.RUSAGE_SELF):
+    return min((_timed_once(call, who) for _ in range(repeat)), key=lambda timed: timed[1])
+
+  threads = sorted({1, 2, decompress.usable_cores()})
+  with open(path, "rb") as f:
+    packed = f.read()
+  module, tool = {"bz2": (bz2, "bzip2"), "gzip": (gzip, "gzip")}[codec]
+  size = f", {len(text) / 1e6:.0f} MB of text, {len(packed) / 1e6:.1f} MB {codec}"
+  print(f"{label}: {results:,} results{size}", flush=True)
+  _, wall, cpu = _timed(lambda: module.decompress(packed))
+  _print(label, f"Python {module.__name__} alone", results, wall, cpu)
+  if shutil.which(tool):
+    _, wall, cpu = _timed(
+      lambda: subprocess.run([tool, "-dc", path], stdout=subprocess.DEVNULL, check=True),
+      resource.RUSAGE_CHILDREN,
+    )
+    _print(label, f"{tool} -dc alone", results, wall, cpu)
+  if codec == "gzip":
+    try:
+      import rapidgzip  # noqa: PLC0415 (not a dependency: for comparison only)
+    except ImportError:
+      rapidgzip = None
+    for n in threads if rapidgzip else []:
+      _, wall, cpu = _timed(lambda n=n: _drain(rapidgzip.open(path, parallelization=n)))
+      _print(label, f"rapidgzip alone, {n} thread{'s' if n > 1 else ''}", results, wall, cpu)
+  if codec == "bz2":  # ingest's decompressor before: Arrow's, one thread
+    _, wall, cpu = _timed(lambda: _drain(decompress._ArrowStream(pa.OSFile(path), codec)))
+    _print(label, "Arrow's bz2 stream alone", results, wall, cpu)
+  for n in threads if codec == "bz2" else [1]:
+    done, wall, cpu = _timed(lambda n=n: _drain(decompress.open_stream(pa.OSFile(path), codec, n)))
+    assert done == len(text)
+    what = f"ingest's decompressor, {n} thread{'s' if n > 1 else ''}"
+    _print(label, what, results, wall, cpu, f", {len(text) / wall / 1e6:.0f} MB/s wall")
+  for n in threads if codec == "bz2" else [1]:
+    summary, wall, cpu = _timed(
+      lambda n=n: ingest.ingest(
+        [path], os.path.join(work, "out"), progress=False, decompress_threads=n
+      )
+    )
+    what = f"ingest, decompress on {n} thread{'s' if n > 1 else ''}"
+    _print(label, what, results, wall, cpu, f", {summary.counts.rows:,} rows")
+
+
 def _three_packets(match: re.Match) -> bytes:
   rtt = match.group(1)
   return b'"result":[{"rtt":%s},{"rtt":%s},{"x":"*"}],"dup":0,"rcvd":2,"sent":3' % (rtt, rtt)
@@ -122,8 +188,19 @@ def _three_packets(match: re.Match) -> bytes:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rows", type=int, default=300_000, help="results for the plain runs")
-  parser.add_argument("--bz2-rows", type=int, default=100_000, help="results for bz2")
+  parser.add_argument(
+    "--bz2-rows", type=int, default=300_000, help="results for bz2 and gzip (at most --rows)"
+  )
+  parser.add_argument(
+    "--parts",
+    default="plain,array,bz2,gz",
+    help="which inputs: plain (1 and 3 packets), array, bz2, gz (comma-separated)",
+  )
+  parser.add_argument(
+    "--repeat", type=int, default=1, help="bz2 and gz: print the fastest of this many runs"
+  )
   args = parser.parse_args()
+  parts = set(args.parts.split(","))
   with tempfile.TemporaryDirectory() as work:
     [path] = generate(
       os.path.join(work, "json"), rows=args.rows, shards=1, progress=False, fmt="ripe-json"
@@ -136,7 +213,7 @@ def main() -> None:
     print(
       f"{args.rows:,} results, {len(lines) / args.rows:.0f} bytes a line"
       f" ({os.path.getsize(three) / args.rows:.0f} with 3 packets),"
-      f" {os.cpu_count()} CPUs on this machine"
+      f" {os.cpu_count()} CPUs on this machine, {decompress.usable_cores()} usable"
     )
     reference._read(b'{"msm_id": 1}\n')  # DuckDB's one-off start (its JSON extension) untimed
     started = time.perf_counter()  # the scanner's machine code, compiled on first use ever
@@ -146,34 +223,32 @@ def main() -> None:
     print(
       f"scanner ready in {time.perf_counter() - started:.1f} s (compiled, or loaded from cache)"
     )
-    for label, file in (("1 packet", path), ("3 packets", three)):
+    for label, file in (("1 packet", path), ("3 packets", three)) if "plain" in parts else ():
       _readers(label, file, args.rows)
       _report(label, file, work, one_reader=True)
     os.remove(three)
 
-    array = os.path.join(work, "array.json")
-    with open(array, "wb") as f:
-      f.write(b"[" + b",".join(lines.splitlines()) + b"]")
-    _report("JSON array", array, work)
-    os.remove(array)
+    if "array" in parts:
+      array = os.path.join(work, "array.json")
+      with open(array, "wb") as f:
+        f.write(b"[" + b",".join(lines.splitlines()) + b"]")
+      _report("JSON array", array, work)
+      os.remove(array)
 
     cut = 0
-    for _ in range(args.bz2_rows):
+    for _ in range(min(args.bz2_rows, args.rows)):
       cut = lines.index(b"\n", cut) + 1
-    compressed = os.path.join(work, "dump.json.bz2")
-    with open(compressed, "wb") as f:
-      f.write(bz2.compress(lines[:cut]))
-    with open(compressed, "rb") as f:
-      packed = f.read()
-    _, wall, cpu = _timed(lambda: bz2.decompress(packed))
-    _print("bz2", "Python bz2 alone", args.bz2_rows, wall, cpu, f", {cut / cpu / 1e6:.0f} MB/s")
-    if shutil.which("bzip2"):
-      _, wall, cpu = _timed(
-        lambda: subprocess.run(["bzip2", "-dc", compressed], stdout=subprocess.DEVNULL),
-        resource.RUSAGE_CHILDREN,
-      )
-      _print("bz2", "bzip2 -dc alone", args.bz2_rows, wall, cpu)
-    _report("bz2", compressed, work)
+    text = lines[:cut]
+    for part, codec, name, pack in (
+      ("bz2", "bz2", "dump.json.bz2", bz2.compress),
+      ("gz", "gzip", "dump.json.gz", gzip.compress),
+    ):
+      if part in parts:
+        compressed = os.path.join(work, name)
+        with open(compressed, "wb") as f:
+          f.write(pack(text))
+        _compressed(part, codec, compressed, text, min(args.bz2_rows, args.rows), work, args.repeat)
+        os.remove(compressed)
   peak = prepare.peak_rss_bytes() / 2**20
   print(
     f"peak RSS of this process (generate and the input held in memory included): {peak:.0f} MiB"
