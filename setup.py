@@ -53,6 +53,9 @@ EXTRAS_REQUIRE = {
     "aqtp>=0.9,<0.10",
     # MaxText's dataset_type=hf reads local parquet/json through datasets.load_dataset.
     "datasets>=5.2,<6",
+    # bench --maxtext's generated corpora: ArrayRecord shards and a Hugging Face tokenizer.
+    "array-record>=0.8.6,<0.9",
+    "tokenizers>=0.23,<0.24",
     "drjax>=0.2.1,<0.3",
     "huggingface-hub>=1.3,<3",
     "ml-collections>=1.1,<2",
