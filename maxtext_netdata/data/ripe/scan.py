@@ -24,6 +24,8 @@ on which block each one mapped (tests/data/ripe/test_cold_start.py).
 
 from __future__ import annotations
 
+import atexit
+import sys
 import threading
 from collections.abc import Callable
 
@@ -135,10 +137,11 @@ _SAMPLE = (
 )
 
 
-# Input mapped before the scanner's first compile on a machine starts (~25-60 s of a core):
-# a smaller input is read by the reference path alone (~5 s for 256 MB at the ~50 MB/s it
-# maps on the 2-core development machine), which then costs less than the compile would.
-COMPILE_AFTER_BYTES = 256 << 20
+# Input mapped before the scanner's first compile on a machine starts (~25-60 s of a core).
+# Warm, the scanner maps 82 MB in 0.6 s where the reference path takes 3.7 s (2-core
+# development machine): worth its one-off compile for any sizeable input, not for a smaller
+# one, which the reference path reads in a few seconds without a compile.
+COMPILE_AFTER_BYTES = 64 << 20
 _SCANNER = "ingest scanner"  # its `warmup` step
 
 
@@ -170,13 +173,15 @@ class _Loading:
     self.seen, self.compile_after_bytes = 0, compile_after_bytes
     self.notice_after_s = notice_after_s
     self.takes = _takes
+    self.failed = False  # a block raised (a bad line): the run ends with an error
 
   def start_scanner(self) -> None:
-    warmup.start(
+    if warmup.start(
       [(_SCANNER, _warm_scanner, _NOTICE.format("the JSON scanner"))],
       self.notice_after_s,
       "ingest-compile-scanner",
-    )
+    ):
+      atexit.register(_finish_scanner, self)
 
   def scanner_takes(self, block: reference.Block) -> bool:
     if self.takes is not None:
@@ -188,6 +193,20 @@ class _Loading:
       if start:
         self.start_scanner()
     return warmup.started(_SCANNER) and not warmup.pending(_SCANNER)
+
+
+def _finish_scanner(loading: _Loading) -> None:
+  """At exit, after a run that mapped its input while the scanner compiled: waits for the
+  compile to end, so that it is cached and later runs use the scanner (not after a failed
+  run, which has nothing more to do). The output is written by then."""
+  if warmup.pending(_SCANNER) and not loading.failed:
+    print(
+      "ingest: output written; finishing the JSON scanner's compile (its first use on this"
+      " machine) so that later runs use it",
+      file=sys.stderr,
+      flush=True,
+    )
+    warmup.wait(_SCANNER)
 
 
 _NOTICE = "ingest: compiled {} on a thread (its first use on this machine; cached for later runs)"
@@ -206,7 +225,8 @@ def load(notice_after_s: float = 2.0, compile_after_bytes: int = COMPILE_AFTER_B
   cold, needed by both paths) by their uncompiled equivalents, and the results by the
   reference path until the scanner is compiled; that compile (~25-60 s) starts only once
   `compile_after_bytes` of input have been read, so a smaller input never waits for it or
-  pays for it. Either path gives the same rows, counts and errors (tests/data/ripe). Each
+  pays for it; a run that ends before it waits for it at exit, its output written, so that
+  later runs have it. Either path gives the same rows, counts and errors (tests/data/ripe). Each
   compile that takes more than `notice_after_s` says so on stderr, with its time.
   """
   global _loading
@@ -329,6 +349,11 @@ def ingest_rows_of_block(
   """`ingest`'s mapping of a block: by `rows_of_block` once the scanner is compiled (`load`),
   by `reference.rows_of_block` before; the same rows, counts and errors either way."""
   loading = _loading
-  if loading is not None and not loading.scanner_takes(block):
-    return reference.rows_of_block(block, path, counts, skip_bad, sample)
-  return rows_of_block(block, path, counts, skip_bad, sample)
+  try:
+    if loading is not None and not loading.scanner_takes(block):
+      return reference.rows_of_block(block, path, counts, skip_bad, sample)
+    return rows_of_block(block, path, counts, skip_bad, sample)
+  except Exception:
+    if loading is not None:
+      loading.failed = True
+    raise
