@@ -63,7 +63,7 @@ from maxtext_netdata.kernels.ascii import (
   UPPER_F,
 )
 
-kernel_cache.install()  # before `object_lines`, the one cached kernel here
+kernel_cache.install()  # before `_object_lines`, the one cached kernel here
 
 MAX_DEPTH = 64  # nesting `skip` follows; deeper values are refused
 
