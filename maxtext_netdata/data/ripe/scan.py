@@ -198,15 +198,19 @@ class _Loading:
 def _finish_scanner(loading: _Loading) -> None:
   """At exit, after a run that mapped its input while the scanner compiled: waits for the
   compile to end, so that it is cached and later runs use the scanner (not after a failed
-  run, which has nothing more to do). The output is written by then."""
+  run, which has nothing more to do). The output is written by then; Ctrl-C or SIGTERM ends
+  the wait at once (a later run compiles again), with one line rather than a traceback."""
   if warmup.pending(_SCANNER) and not loading.failed:
-    print(
-      "ingest: output written; finishing the JSON scanner's compile (its first use on this"
-      " machine) so that later runs use it",
-      file=sys.stderr,
-      flush=True,
-    )
-    warmup.wait(_SCANNER)
+    try:
+      print(
+        "ingest: output written; finishing the JSON scanner's compile (its first use on this"
+        " machine) so that later runs use it; Ctrl-C skips it",
+        file=sys.stderr,
+        flush=True,
+      )
+      warmup.wait(_SCANNER)
+    except KeyboardInterrupt:  # cli.signals.Terminated (SIGTERM) is one too
+      print("ingest: compile skipped; the next run compiles it", file=sys.stderr, flush=True)
 
 
 _NOTICE = "ingest: compiled {} on a thread (its first use on this machine; cached for later runs)"

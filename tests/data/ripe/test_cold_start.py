@@ -12,6 +12,7 @@ kernels compile on a thread give the same output as a run with every kernel comp
 
 import glob
 import os
+import signal
 import subprocess
 import sys
 
@@ -139,3 +140,32 @@ def test_first_run_on_a_machine_writes_what_a_warm_run_writes(tmp_path, lines):
   cold = _cold_ingest(path, str(tmp_path / "cold-error"), tmp_path / "cache-2")
   assert cold.returncode != 0
   assert str(error.value).replace("warm-error", "cold-error") in cold.stderr
+
+
+_WAITS_AT_EXIT = """
+import atexit, sys, time
+from maxtext_netdata.data.ripe import scan
+from maxtext_netdata.kernels import warmup
+# The scanner's compile, still running when the run's output is written: a step that ends late.
+warmup.start([(scan._SCANNER, lambda: time.sleep(120), None)])
+atexit.register(scan._finish_scanner, scan._Loading(0, 2.0))
+"""
+
+
+def test_ctrl_c_ends_the_wait_for_the_scanner_compile_at_exit():
+  """A first run whose output is written waits at exit for the scanner's compile; Ctrl-C there
+  ends the process at once with one line, not a traceback (nor after the compile)."""
+  process = subprocess.Popen(
+    [sys.executable, "-c", _WAITS_AT_EXIT],
+    stderr=subprocess.PIPE,
+    text=True,
+    env={**os.environ, "PYTHONPATH": ROOT},
+  )
+  try:
+    assert "Ctrl-C skips it" in process.stderr.readline()
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=30)
+  finally:
+    process.kill()
+  assert rest.strip() == "ingest: compile skipped; the next run compiles it"
+  assert process.returncode == 0
