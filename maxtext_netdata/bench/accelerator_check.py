@@ -58,6 +58,8 @@ from maxtext_netdata.bench import (
 )
 from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.config import Config
+from maxtext_netdata.distributed.mesh import make_mesh
+from maxtext_netdata.input_pipeline import interface
 from maxtext_netdata.trainer import model
 
 DEFAULT_CONFIG = "configs/latency_network.yml"
@@ -92,6 +94,8 @@ class Sizes(NamedTuple):
   steps: int  # measured training steps per run, after WARMUP_STEPS
   batches: int  # measured loading batches per worker count
   workers: tuple[int, ...]  # grain_worker_count values of loading alone, up to the cores
+  threads: tuple[int, ...]  # grain_num_threads values of in-process loading alone
+  thread_tokens: float  # token slots each of those runs times: a second or more of CPU
   batch_scales: tuple[float, ...]  # multiples of per_device_batch_size swept
   sweep_steps: int  # measured steps per swept batch size
   overrides: tuple[str, ...]  # config overrides of the mode
@@ -103,6 +107,8 @@ ACCELERATOR = Sizes(
   steps=20,
   batches=100,
   workers=(0, 4, 8, 16),
+  threads=(0, 1, 2, 4),
+  thread_tokens=200e6,
   batch_scales=(0.5, 1.0, 1.5, 2.0),
   sweep_steps=5,
   overrides=(),
@@ -114,6 +120,8 @@ DRY_RUN = Sizes(
   steps=3,
   batches=10,
   workers=(0, 1),
+  threads=(0, 1),
+  thread_tokens=5e6,
   batch_scales=(0.5, 1.0),
   sweep_steps=2,
   overrides=(
@@ -214,6 +222,7 @@ def run(args: argparse.Namespace) -> dict:
     "network": None,
     "bench": None,
     "loading": None,
+    "loading_threads": None,
     "switch_sweep": None,
     "batch_sweep": None,
     "outputs": None,
@@ -259,6 +268,7 @@ def run(args: argparse.Namespace) -> dict:
   part("bench", lambda: run_bench(cfg, args, sizes, env, work / "bench"), needs=("data",))
   if report["bench"] is not None:
     report["loading"] = loading_by_workers(report["bench"])
+  part("loading_threads", lambda: loading_by_threads(cfg, sizes), needs=("data",))
   part("outputs", lambda: write_outputs(report["bench"], work / "bench", out), needs=("bench",))
   part(
     "switch_sweep",
@@ -424,10 +434,35 @@ def write_outputs(bench: dict, bench_dir: Path, out: Path) -> dict:
   }
 
 
+_LOADING_KEYS = (
+  "real_tokens_per_s",
+  "real_tokens_per_s_per_core",
+  "batch_s",
+  "first_batch_s",
+  "cpu_cores_busy",
+)
+
+
 def loading_by_workers(bench: dict) -> list[dict]:
   """Loading alone per swept `grain_worker_count`, from bench's report."""
-  keys = ("workers", "real_tokens_per_s", "batch_s", "first_batch_s", "cpu_cores_busy")
+  keys = ("workers", *_LOADING_KEYS)
   return [{key: s[key] for key in keys} for s in bench["sweep"] or [bench["loading"]]]
+
+
+def loading_by_threads(cfg: Config, sizes: Sizes) -> list[dict]:
+  """In-process loading alone (`benchmark.measure_loading`, as bench times it) with each
+  `grain_num_threads` of `sizes`: on the accelerator's host, the measurement behind the
+  loader defaults (docs/performance.md, "Loader defaults")."""
+  runs = []
+  for threads in sizes.threads:
+    run_cfg = cfg.replace(grain_worker_count=0, grain_num_threads=threads)
+    device_mesh = make_mesh(run_cfg)
+    slots = interface.global_batch_size(run_cfg, device_mesh) * run_cfg.max_target_length
+    # Enough batches for the CPU clock (10 ms steps) to measure the per-core figure.
+    batches = max(sizes.batches, int(sizes.thread_tokens // slots))
+    measured = benchmark.measure_loading(run_cfg, device_mesh, batches)
+    runs.append({"threads": threads, **{key: measured[key] for key in _LOADING_KEYS}})
+  return runs
 
 
 def sweep_batch_sizes(

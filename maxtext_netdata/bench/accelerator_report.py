@@ -105,15 +105,9 @@ def format_table(report: dict) -> str:
       )
     elif profile:
       rows.append(("profile", f"not measured: {profile['error']}"))
-    rows.append(
-      (
-        "loading alone",
-        ", ".join(
-          f"{s['workers']} workers {s['real_tokens_per_s'] / 1e6:.1f}M" for s in report["loading"]
-        )
-        + " real tokens/s",
-      )
-    )
+    rows.append(("loading alone", _loading_row(report["loading"], "workers", per_core=False)))
+  if report.get("loading_threads"):
+    rows.append(("in-process", _loading_row(report["loading_threads"], "threads")))
   switched = report.get("switch_sweep") or {"runs": [], "best": {}, "stopped": None}
   sweep = report["batch_sweep"]
   if sweep:
@@ -163,3 +157,16 @@ def gib(value: int | None) -> str:
 
 def _switches(switches: dict[str, str]) -> str:
   return " ".join(f"{key}={value}" for key, value in switches.items())
+
+
+def _loading_row(runs: list[dict], key: str, per_core: bool = True) -> str:
+  """ "0 threads 12.3M (11.8M a core), ..." real tokens/s of each loading-alone run; per core
+  only where the runs were sized for the CPU clock (the threads sweep)."""
+  return (
+    ", ".join(
+      f"{run[key]} {key} {run['real_tokens_per_s'] / 1e6:.1f}M"
+      + (f" ({run['real_tokens_per_s_per_core'] / 1e6:.1f}M a core)" if per_core else "")
+      for run in runs
+    )
+    + " real tokens/s"
+  )

@@ -27,6 +27,7 @@ TABLE_ROWS = (
   "verdict",
   "profile",
   "loading alone",
+  "in-process",
   "batch sweep",
   "elapsed",
 )
@@ -82,6 +83,9 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   assert bench["profile"]["idle_share"]["median"] >= 0, bench["profile"]
   assert [s["workers"] for s in report["loading"]] == [0, 1]
   assert all(s["real_tokens_per_s"] > 0 for s in report["loading"])
+  assert [s["threads"] for s in report["loading_threads"]] == [0, 1]
+  assert all(s["real_tokens_per_s_per_core"] > 0 for s in report["loading_threads"])
+  assert "0 threads" in table[TABLE_ROWS.index("in-process")]
 
   sweep = report["batch_sweep"]
   assert [r["per_device_batch_size"] for r in sweep["runs"]] == [2, 4]
