@@ -16,6 +16,7 @@ from maxtext_netdata.data.ripe import blocks, decompress
 from maxtext_netdata.data.ripe.ingest import ingest, storage_options
 from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.errors import DataError
+from tests.helpers.s3 import s3_server
 
 
 @pytest.fixture(scope="module")
@@ -217,20 +218,7 @@ def test_a_stream_that_cannot_seek_is_read_by_arrow(text):
 
 
 def test_bz2_on_s3_gives_the_local_shards(tmp_path, monkeypatch, text, plain_shards):
-  boto3 = pytest.importorskip("boto3")
-  moto_server = pytest.importorskip("moto.server")
-  for key in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
-    monkeypatch.delenv(key, raising=False)
-  monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-  monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-  monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-  server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-  server.start()
-  try:
-    host, port = server.get_host_and_port()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
-    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
-    client.create_bucket(Bucket="atlas-bz2")  # moto's buckets outlive its server: a name of its own
+  with s3_server(monkeypatch, "atlas-bz2") as client:
     packed = _streams(text, 2)
     client.put_object(Bucket="atlas-bz2", Key="dumps/ping-2025-07-01T0000.bz2", Body=packed)
     client.put_object(Bucket="atlas-bz2", Key="cut/ping.bz2", Body=packed[: len(packed) // 2])
@@ -245,6 +233,4 @@ def test_bz2_on_s3_gives_the_local_shards(tmp_path, monkeypatch, text, plain_sha
     ingest(["s3://atlas-bz2/dumps/*.bz2"], out, shards=3, progress=False, decompress_threads=2)
     with pytest.raises(DataError, match=r"^s3://atlas-bz2/cut/ping.bz2: corrupt or truncated bz2"):
       ingest(["s3://atlas-bz2/cut/ping.bz2"], str(tmp_path / "cut"), progress=False)
-  finally:
-    server.stop()
   assert _shards(out) == plain_shards

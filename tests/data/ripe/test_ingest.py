@@ -21,6 +21,7 @@ from maxtext_netdata.data.ripe.ingest import ingest
 from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.errors import DataError
 from tests.helpers.ripe_results import FIRMWARE_0, MODERN, T0
+from tests.helpers.s3 import s3_server
 
 SPEC_COLUMNS = ["msm_id", "event_time", "src_addr", "dst_addr", "ip_version", "rtt"]
 
@@ -274,27 +275,12 @@ def test_ingest_then_prepare(tmp_path, generated):
 
 
 def test_s3_input_through_the_storage_layer(tmp_path, monkeypatch, generated):
-  boto3 = pytest.importorskip("boto3")
-  moto_server = pytest.importorskip("moto.server")
   _, ripe = generated
-  for key in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
-    monkeypatch.delenv(key, raising=False)
-  monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-  monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-  monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-  server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-  server.start()
-  try:
-    host, port = server.get_host_and_port()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
-    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
-    client.create_bucket(Bucket="atlas")
+  with s3_server(monkeypatch, "atlas") as client:
     for path in ripe:
       with open(path, "rb") as f:
         name = os.path.basename(path) + ".bz2"
         client.put_object(Bucket="atlas", Key=f"dumps/{name}", Body=bz2.compress(f.read()))
     ingest(["s3://atlas/dumps/*.bz2"], str(tmp_path / "s3"), shards=2, progress=False)
-  finally:
-    server.stop()
   ingest(ripe, str(tmp_path / "local"), shards=2, progress=False)
   assert _rows(tmp_path / "s3").equals(_rows(tmp_path / "local"))

@@ -15,6 +15,7 @@ from maxtext_netdata.data.ripe import ingest as builtin
 from maxtext_netdata.data.ripe.sample import Sample
 from maxtext_netdata.data.synthetic.generate import generate
 from tests.helpers.ripe_results import FIRMWARE_0, MODERN
+from tests.helpers.s3 import s3_server
 
 beam = pytest.importorskip("apache_beam")  # the `beam` extra (scripts/test.sh installs it)
 
@@ -148,22 +149,9 @@ def test_cli_passes_the_options_after_the_separator_to_beam(tmp_path, lines, cap
 
 def test_a_bucket_output_gets_the_builtin_files(tmp_path, lines, monkeypatch):
   # s3:// (a local S3 server) as gs:// on Dataflow: runs, shards and marker through pyarrow.fs.
-  boto3 = pytest.importorskip("boto3")
-  moto_server = pytest.importorskip("moto.server")
-  for key in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
-    monkeypatch.delenv(key, raising=False)
-  monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-  monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-  monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
   inputs = _inputs(tmp_path / "in", lines)
   builtin.ingest(inputs, str(tmp_path / "builtin"), shards=2, progress=False)
-  server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-  server.start()
-  try:
-    host, port = server.get_host_and_port()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
-    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1")
-    client.create_bucket(Bucket="atlas")
+  with s3_server(monkeypatch, "atlas") as client:
     client.put_object(Bucket="atlas", Key="raw/pings-00000-of-00009.parquet", Body=b"old")
     summary = beam_runner.ingest(
       inputs, "s3://atlas/raw", beam_args=DIRECT, shards=2, run_rows=1_000
@@ -174,8 +162,6 @@ def test_a_bucket_output_gets_the_builtin_files(tmp_path, lines, monkeypatch):
       for o in listed
       if not o["Key"].endswith("/")  # pyarrow's empty marker of a folder
     }
-  finally:
-    server.stop()
   assert files == _files(tmp_path / "builtin")  # the earlier run's file gone, no work folder
   assert summary.files == [f"s3://atlas/raw/{FILE_PATTERN.format(k, 2)}" for k in range(2)]
 
