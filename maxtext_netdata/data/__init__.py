@@ -13,6 +13,7 @@
   the built-in runner or Apache Beam, cached by fingerprint; the `tokenize` command.
 - `store/`: the prepared store's format and reader, and its copy to and from `gs://`/`s3://`.
 - `remote` (a module beside them): listing and opening files on local disk, `gs://`, `s3://`.
+- `beam_temp` (beside them too): the temporary-file folder of both Beam runners.
 
 Imports flow along the drawing: `raw/` imports `remote` only; `ripe/` and `synthetic/` import
 `raw/`; `prepare/` imports `raw/` and `store/`; `store/` imports `remote` only. Every stage may

@@ -15,36 +15,15 @@ DirectRunner, a shared mount (Filestore, GCS FUSE, NFS) for a distributed runner
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import tempfile
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from maxtext_netdata.data import beam_temp
 from maxtext_netdata.data.prepare import local_runner, partition
 from maxtext_netdata.data.raw import reader
-
-
-@contextlib.contextmanager
-def _temporary_files_in(folder: str):
-  """Python's temporary files and folders made in `folder` while the pipeline runs, and
-  removed with it.
-
-  Beam's DirectRunner first tries to start Prism, making a folder in the system's temporary
-  directory, which it leaves behind when Prism cannot start (no network to download it
-  from): one `beam-temp*` folder a run. `tempfile` is the process's, so this holds only while
-  nothing else in the process makes temporary files it means to keep (the prepare command).
-  """
-  os.makedirs(folder, exist_ok=True)
-  saved, tempfile.tempdir = tempfile.tempdir, folder
-  try:
-    yield
-  finally:
-    tempfile.tempdir = saved
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def runner(beam_args: list[str]):
@@ -61,7 +40,7 @@ def runner(beam_args: list[str]):
     }
     pipeline_options = PipelineOptions(beam_args or ["--runner=DirectRunner"])
     with (
-      _temporary_files_in(pieces_dir + "-tmp"),
+      beam_temp.temporary_files_in(pieces_dir + "-tmp"),
       beam.Pipeline(options=pipeline_options) as pipeline,
     ):
       _ = (

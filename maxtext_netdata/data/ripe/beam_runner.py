@@ -41,7 +41,7 @@ import apache_beam as beam
 import pyarrow.fs as pafs
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from maxtext_netdata.data import remote
+from maxtext_netdata.data import beam_temp, remote
 from maxtext_netdata.data.raw.layout import COMPLETE_MARKER, clear_outputs, write_complete_marker
 from maxtext_netdata.data.ripe import ingest as builtin
 from maxtext_netdata.data.ripe import reference
@@ -50,23 +50,6 @@ from maxtext_netdata.data.ripe.sample import Sample
 from maxtext_netdata.errors import DataError, WritesTo
 
 _RESULT = "result.json"
-
-
-@contextlib.contextmanager
-def _temporary_files_in(folder: str):
-  """Python's temporary files made in `folder` while the pipeline runs, removed with it.
-
-  Beam's DirectRunner first tries to start Prism, making a folder in the system's temporary
-  directory that it leaves behind when Prism cannot start; as `data.prepare.beam_runner`'s
-  (a room `data.ripe` does not import).
-  """
-  os.makedirs(folder, exist_ok=True)
-  saved, tempfile.tempdir = tempfile.tempdir, folder
-  try:
-    yield
-  finally:
-    tempfile.tempdir = saved
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 class _Output:
@@ -165,7 +148,7 @@ def ingest(
     output.clear()
     pipeline_options = PipelineOptions(beam_args or ["--runner=DirectRunner"])
     with (
-      _temporary_files_in(tempfile.mkdtemp(prefix="ingest-beam-")),
+      beam_temp.temporary_files_in(tempfile.mkdtemp(prefix="ingest-beam-")),
       beam.Pipeline(options=pipeline_options) as pipeline,
     ):
       _ = (
