@@ -5,7 +5,8 @@ kernels compile on a thread give the same output as a run with every kernel comp
   marker and first error (the real scanner and reference; only the block where the scanner
   takes over is forced);
 - the uncompiled stand-ins used while the kernels compile (`ip_text._parse_python`, numpy's
-  gather, `json_scan._object_lines_python`) answer as the kernels do where it matters;
+  gather, `json_scan._object_lines_python`) answer as the kernels do where it matters; a JSON
+  array split by `json_array._split_numpy` up to any piece gives the same output;
 - `maxtext-netdata ingest` in a fresh process with an empty NUMBA_CACHE_DIR writes the same
   bytes as with the kernels compiled, and names the same bad line.
 """
@@ -21,10 +22,11 @@ import pyarrow as pa
 import pytest
 
 from maxtext_netdata.data.raw import addresses, ip_text
-from maxtext_netdata.data.ripe import reference, scan
+from maxtext_netdata.data.ripe import json_array, reference, scan
 from maxtext_netdata.data.ripe.ingest import ingest
 from maxtext_netdata.data.ripe.scanner import json_scan
 from maxtext_netdata.errors import DataError
+from maxtext_netdata.kernels import warmup
 from tests.data.raw.test_ip_text import _corpus as address_corpus
 from tests.data.ripe.test_differential import _corpus as results_corpus
 
@@ -67,6 +69,53 @@ def test_handover_at_any_block_gives_the_same_output(tmp_path, monkeypatch, line
     monkeypatch.setattr(scan, "_takes", lambda block, at=first_line: block.first_line >= at)
     got = _run(path, str(tmp_path / f"handover-{k}"), skip_bad, readers=3)
     assert got == expected, f"handover at line {first_line}"
+
+
+@pytest.fixture(scope="module")
+def arrays():
+  """A JSON array of test_differential's mutated results and non-objects, and the same array
+  with a comma and no element near its end (an error of the file, even with --skip-bad)."""
+  elements = results_corpus(seed=12, results=600)[1]
+  at = len(elements) - 5
+  good, broken = (
+    b"[\n" + b",\n".join(elements[:at]) + comma + b",\n".join(elements[at:]) + b"\n]\n"
+    for comma in (b",\n", b",,\n")
+  )
+  return good, broken
+
+
+@pytest.mark.parametrize("skip_bad", [pytest.param(True, marks=pytest.mark.slow), False])
+@pytest.mark.parametrize("broken", [False, True])
+def test_array_split_by_the_stand_in_then_the_kernel_gives_the_same_output(
+  tmp_path, monkeypatch, arrays, skip_bad, broken
+):
+  """A JSON array's pieces split by `json_array._split_numpy` until its compile ends, at any
+  piece, then by `_split`: the same shards, marker and error as with `_split` throughout."""
+  path = str(tmp_path / "results.json")
+  with open(path, "wb") as f:
+    f.write(arrays[broken])
+  expected = _run(path, str(tmp_path / "kernel"), skip_bad)
+  if broken and skip_bad:
+    assert isinstance(expected, str) and "array element" in expected and "no value" in expected
+  elif skip_bad:
+    assert isinstance(expected, dict) and len(expected) > 1
+  else:
+    assert isinstance(expected, str) and "array element" in expected
+  pending = warmup.pending
+  for k, pieces in enumerate([1, 7, 40, 10**6]):
+    splits = []  # `split`'s calls so far: the first `pieces` of them take the stand-in
+
+    def compiling(name, pieces=pieces, splits=splits):
+      if name != json_array.WARMUP:
+        return pending(name)
+      splits.append(name)
+      return len(splits) <= pieces
+
+    monkeypatch.setattr(warmup, "pending", compiling)
+    got = _run(path, str(tmp_path / f"handover-{k}"), skip_bad, readers=2)
+    monkeypatch.setattr(warmup, "pending", pending)
+    assert got == expected, f"handover after {pieces} pieces"
+    assert len(splits) > min(pieces, 3)
 
 
 def test_address_parser_stand_in_is_the_compiled_parser():
