@@ -70,6 +70,10 @@ def _lookup_words(words, hash_mask, slots, key_words, key_hash, count, out):
   Known keys are found in passes over all keys (hash; first slot; compare), each pass's loads
   independent of one another, so the processor overlaps their cache misses (one pass per key
   cost 2-3 times as much). What the passes did not find is probed and inserted one at a time.
+
+  Rows are copied a word at a time: a row assignment compiles numba's shape-mismatch error,
+  whose message formatting (str of ints, string concatenation) took ~3-4 s of a first compile
+  of ~4-5 s on a new machine; the loop compiles in a fraction of a second.
   """
   n = len(words)
   mask = np.uint64(len(slots) - 1)
@@ -92,7 +96,8 @@ def _lookup_words(words, hash_mask, slots, key_words, key_hash, count, out):
     while True:
       entry = slots[pos]
       if entry == _EMPTY:
-        key_words[count] = words[i]
+        for w in range(words.shape[1]):  # not `key_words[count] = words[i]`: see below
+          key_words[count, w] = words[i, w]
         key_hash[count] = hashes[i]
         slots[pos] = count
         out[i] = count
