@@ -68,7 +68,9 @@ def _probe_codes(index, empty, version, probe):
   address of either version) the entry and the row's version.
   """
   size = len(empty)
-  seen = np.full(2 * size, -1, np.int32)
+  seen = np.empty(2 * size, np.int32)
+  for code in range(2 * size):  # not np.full: its compile took ~0.5-1 s of a machine's first run
+    seen[code] = -1
   first = np.empty(len(index), np.int64)
   count = 0
   for i in range(len(index)):
