@@ -112,12 +112,12 @@ def _split(buf, out, after_comma):
 
 WARMUP = "json_array"  # `_split`'s `warmup` step (scan.load)
 _WHITESPACE = bytes([TAB, NEWLINE, CARRIAGE_RETURN, SPACE])  # the bytes that are no element
-_BREAKS = bytes(range(256)).maketrans(bytes([NEWLINE, CARRIAGE_RETURN]), bytes([SPACE, SPACE]))
-_OPEN, _CLOSE_BRACE, _CLOSE_BRACKET, _COMMA, _QUOTE, _BACKSLASH = 1, 2, 3, 4, 5, 6
+_OPEN, _CLOSE_BRACE, _CLOSE_BRACKET, _COMMA, _QUOTE, _BACKSLASH, _BREAK = 1, 2, 3, 4, 5, 6, 7
 _KIND = np.zeros(256, np.uint8)  # the bytes `_split_numpy` looks at, by what they are
 _KIND[[LEFT_BRACE, LEFT_BRACKET]] = _OPEN
 _KIND[RIGHT_BRACE], _KIND[RIGHT_BRACKET], _KIND[COMMA] = _CLOSE_BRACE, _CLOSE_BRACKET, _COMMA
 _KIND[QUOTE], _KIND[BACKSLASH] = _QUOTE, _BACKSLASH
+_KIND[[NEWLINE, CARRIAGE_RETURN]] = _BREAK
 _IS_WHITESPACE = np.zeros(256, np.bool_)
 _IS_WHITESPACE[list(_WHITESPACE)] = True
 
@@ -130,30 +130,30 @@ def _split_numpy(buf, out, after_comma):
   comma is outside strings when an even number of such quotes come before it; its depth is
   a cumulative sum of the brackets outside strings. An element is empty when only
   `_WHITESPACE` lies between its top-level commas. A backslash outside a string (invalid
-  JSON: for `_split` a byte of a value, not an escape) is left to `_split` itself. ~20 ms a
-  MB against ~1 ms compiled (benchmarks/bench_cold_start.py shows what it saves).
+  JSON: for `_split` a byte of a value, not an escape) is left to `_split` itself. ~30 ms a
+  MB against ~5 ms compiled, on the bytes above only (benchmarks/bench_cold_start.py).
   """
   n = len(buf)
   out[:] = buf
   kind = _KIND[buf]
   at = np.flatnonzero(kind)
   kind = kind[at]
-  quotes = at[kind == _QUOTE]
-  backslashes = at[kind == _BACKSLASH]
-  if len(backslashes):
+  slashes = np.flatnonzero(kind == _BACKSLASH)
+  if len(slashes):
+    backslashes = at[slashes]
     run_starts = np.flatnonzero(np.diff(backslashes, prepend=-2) != 1)
     run_ends = np.append(run_starts[1:], len(backslashes))
-    after = backslashes[run_ends - 1] + 1  # the byte after each run of backslashes
-    escaped = after[((run_ends - run_starts) % 2 == 1) & (after < n)]
-    escaped = escaped[buf[escaped] == QUOTE]
-    if len(escaped):
-      quotes = np.setdiff1d(quotes, escaped, assume_unique=True)
-    if (np.searchsorted(quotes, backslashes) % 2 == 0).any():
-      return _split(buf, out, after_comma)
-  marks = (kind != _QUOTE) & (kind != _BACKSLASH)
+    after = slashes[run_ends - 1] + 1  # the mark after each run of backslashes, if next
+    after = after[((run_ends - run_starts) % 2 == 1) & (after < len(at))]
+    escaped = after[(kind[after] == _QUOTE) & (at[after] == at[after - 1] + 1)]
+    kind[escaped] = 0  # an escaped quote: part of its string
+  quotes_before = np.cumsum(kind == _QUOTE)  # through each mark: its own parity if not one
+  outside = quotes_before % 2 == 0
+  if len(slashes) and outside[slashes].any():
+    return _split(buf, out, after_comma)
+  breaks = at[kind == _BREAK]
+  marks = outside & (kind >= _OPEN) & (kind <= _COMMA)
   at, kind = at[marks], kind[marks]
-  outside = np.searchsorted(quotes, at) % 2 == 0
-  at, kind = at[outside], kind[outside]
   step = np.where(kind == _OPEN, 1, np.where(kind == _COMMA, 0, -1))
   top = (np.cumsum(step) - step == 0) & (kind != _OPEN)  # at depth 0 before it
   bounds, kind = at[top], kind[top]
@@ -178,7 +178,7 @@ def _split_numpy(buf, out, after_comma):
   else:
     commas, stop, close = len(bounds), n, -1
   cut = int(bounds[commas - 1]) if commas else -1
-  out[:stop] = np.frombuffer(buf[:stop].tobytes().translate(_BREAKS), np.uint8)
+  out[breaks[: np.searchsorted(breaks, stop)]] = SPACE
   out[bounds[:commas]] = NEWLINE
   return cut, close, commas + (close >= 0 and bool(filled[commas]))
 
