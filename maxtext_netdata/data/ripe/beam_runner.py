@@ -128,10 +128,12 @@ def ingest(
   sample: Sample | None = None,
   block_bytes: int = builtin.BLOCK_BYTES,
   run_rows: int = builtin.RUN_ROWS,
+  decompress_threads: int = 0,
 ) -> builtin.Summary:
   """`ingest.ingest` as a Beam pipeline run with `beam_args` (DirectRunner when none): the
   same files and marker in `out_dir` (a folder, or `gs://` / `s3://`), the same DataError for
-  bad input."""
+  bad input. `decompress_threads` is each worker's for its bz2 file (0: every core of its
+  machine; 1 where the runner starts a worker process per core, as Dataflow does)."""
   started = time.perf_counter()
   options = builtin.storage_options()
   entries = remote.expand_all(inputs, options)
@@ -142,6 +144,7 @@ def ingest(
     "run_rows": run_rows,
     "skip_bad": skip_bad,
     "sample": sample,
+    "decompress_threads": decompress_threads,
   }
   work_dir = output.make_work_dir()
   try:
@@ -198,8 +201,9 @@ class _MapFile(beam.DoFn):
     report = {"index": index}
     try:
       tables = builtin._mapped_blocks(
-        [entry], s["options"], s["block_bytes"], None, counts, s["skip_bad"], 0, True, s["sample"]
-      )
+        [entry], s["options"], s["block_bytes"], None, counts, s["skip_bad"], 0, True, s["sample"],
+        s["decompress_threads"],
+      )  # fmt: skip
       prefix = f"run-{index:06d}"
       rest = builtin.gather_runs(
         tables, self.work_dir, s["run_rows"], s["sample"], runs, probes, prefix, fs

@@ -503,7 +503,7 @@ def run(args) -> int:
       raise UserError(f"--runner beam needs Apache Beam: pip install '.[beam]' ({e})") from None
     summary = beam_runner.ingest(
       args.inputs, args.out, beam_args=beam_args, shards=args.shards, skip_bad=args.skip_bad,
-      sample=sample,
+      sample=sample, decompress_threads=args.decompress_threads,
     )  # fmt: skip
   elif beam_args:
     raise UserError("options after `--` are Beam pipeline options: add --runner beam")

@@ -11,6 +11,7 @@ import pytest
 
 from maxtext_netdata import cli
 from maxtext_netdata.data.raw.layout import FILE_PATTERN
+from maxtext_netdata.data.ripe import decompress
 from maxtext_netdata.data.ripe import ingest as builtin
 from maxtext_netdata.data.ripe.sample import Sample
 from maxtext_netdata.data.synthetic.generate import generate
@@ -177,3 +178,23 @@ def test_worker_processes_write_the_builtin_files(tmp_path, lines):
   )
   assert _files(tmp_path / "beam") == _files(tmp_path / "builtin")
   assert summary.counts.bad_lines == 1
+
+
+def test_cli_gives_beam_workers_the_decompress_threads(tmp_path, lines, monkeypatch):
+  # Each worker decodes its bz2 file on --decompress-threads threads (1 where Dataflow runs a
+  # worker process per vCPU): the count reaches the real reader, the output is the same.
+  inputs = _inputs(tmp_path / "in", lines)
+  seen = []
+  real = decompress.Bz2Stream
+
+  def recording(raw, threads):
+    seen.append(threads)
+    return real(raw, threads)
+
+  monkeypatch.setattr(decompress, "Bz2Stream", recording)
+  out = str(tmp_path / "beam")
+  command = ["ingest", *inputs, "--out", out, "--runner", "beam", "--decompress-threads", "3"]
+  assert cli.main([*command, "--", *DIRECT]) == 0
+  assert seen == [3]  # the one .bz2 input
+  builtin.ingest(inputs, str(tmp_path / "builtin"), progress=False)
+  assert _files(out) == _files(tmp_path / "builtin")
