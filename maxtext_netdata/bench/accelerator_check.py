@@ -488,15 +488,7 @@ def sweep_batch_sizes(
       stopped = f"per_device_batch_size={size} and the sizes after it: {budget.left():.0f} s left"
       continue
     try:
-      run = measure_training(
-        cfg,
-        sizes.sweep_steps,
-        runs_dir / f"batch_{size}",
-        env["peak_tflops"],
-        env["devices"],
-        dataset_type="synthetic",
-        per_device_batch_size=size,
-      )
+      run = _sweep_run(cfg, sizes, env, runs_dir / f"batch_{size}", per_device_batch_size=size)
     except Exception as e:  # out of memory, most likely; larger sizes would fail as well
       runs.append({"per_device_batch_size": size, "error": _error_line(e)})
       stopped = f"per_device_batch_size={size} failed"
@@ -525,15 +517,7 @@ def sweep_switches(
       stopped = f"{name} and the switches after it: {budget.left():.0f} s left"
       break
     try:
-      run = measure_training(
-        cfg,
-        sizes.sweep_steps,
-        runs_dir / f"switch_{number}",
-        env["peak_tflops"],
-        env["devices"],
-        dataset_type="synthetic",
-        **switches,
-      )
+      run = _sweep_run(cfg, sizes, env, runs_dir / f"switch_{number}", **switches)
     except Exception as e:  # cuDNN refusing the shapes, out of memory: the next one may run
       runs.append({"switches": switches, "error": _error_line(e)})
       continue
@@ -541,6 +525,19 @@ def sweep_switches(
     if run["tokens_per_s"] > best["tokens_per_s"]:
       best = runs[-1]
   return {"runs": runs, "best": best["switches"], "best_run": best, "stopped": stopped}
+
+
+def _sweep_run(cfg: Config, sizes: Sizes, env: dict, run_dir: Path, **overrides) -> dict:
+  """`measure_training` of a sweep's synthetic run: `sizes.sweep_steps` steps with `overrides`."""
+  return measure_training(
+    cfg,
+    sizes.sweep_steps,
+    run_dir,
+    env["peak_tflops"],
+    env["devices"],
+    dataset_type="synthetic",
+    **overrides,
+  )
 
 
 def _sweep_entry(run: dict) -> dict:
