@@ -231,7 +231,8 @@ def _merge(reports: list[dict], options, out_dir, work_dir, inputs, shards, samp
     builtin.check_rows(counts, inputs, sample)
     runs = [path for report in reports for path in report["runs"]]
     files = builtin.shard_count(shards, counts.rows)
-    paths = builtin.write_shards(output.path, runs, counts.rows, files, output.filesystem)
+    pieces = builtin._merge(runs, output.filesystem)
+    paths = builtin.write_shards(output.path, pieces, counts.rows, files, output.filesystem)
     probes = len(set().union(*(r["probes"] for r in reports))) if sample else 0
     output.write_marker(builtin.marker(counts, sample, probes, inputs, paths))
     result = {

@@ -293,13 +293,13 @@ def marker(counts, sample: Sample | None, probes: int, inputs: list[str], paths:
   }
 
 
-def write_shards(out_dir: str, runs: list[str], rows: int, shards: int, filesystem=None) -> list:
-  """The rows of time-sorted `runs` (`_write_run`'s, in input order), `rows` in all, merged
-  into `shards` files in `out_dir` (a path of `filesystem` when given, for a bucket); a file
-  being written when this fails is removed."""
+def write_shards(out_dir: str, pieces, rows: int, shards: int, filesystem=None) -> list:
+  """`pieces`, tables of `rows` rows in all in time order (`_merge` of the runs, or one sorted
+  table), written as `shards` files in `out_dir` (a path of `filesystem` when given, for a
+  bucket); a file being written when this fails is removed."""
   writer = _ShardWriter(out_dir, rows, shards, filesystem)
   try:
-    for piece in _merge(runs, filesystem):
+    for piece in pieces:
       writer.write(piece)
     return writer.close()
   finally:
@@ -385,7 +385,6 @@ def ingest(
     disable=not progress,
     mininterval=1.0,
   )
-  writer = None
   try:
     runs, probes = [], set()
     tables = _mapped_blocks(
@@ -395,17 +394,14 @@ def ingest(
     buffer = gather_runs(tables, runs_dir, run_rows, sample, runs, probes)
     bar.close()
     check_rows(counts, inputs, sample)
-    writer = _ShardWriter(out_dir, counts.rows, shard_count(shards, counts.rows))
-    if buffer and not runs:
-      writer.write(_sorted(pa.concat_tables(buffer)))
+    if buffer and not runs:  # a single run: sorted in memory, written directly
+      pieces = [_sorted(pa.concat_tables(buffer))]
     else:
       if buffer:
         runs.append(_write_run(buffer, runs_dir, len(runs)))
-      buffer = []
-      for piece in _merge(runs):
-        writer.write(piece)
-    paths = writer.close()
-    writer = None
+      pieces = _merge(runs)
+    buffer = []
+    paths = write_shards(out_dir, pieces, counts.rows, shard_count(shards, counts.rows))
     summary = Summary(counts, paths, time.perf_counter() - started, sample, len(probes))
     write_complete_marker(out_dir, marker(counts, sample, len(probes), inputs, paths))
   except BaseException:
@@ -416,8 +412,6 @@ def ingest(
     raise
   finally:
     bar.close()
-    if writer is not None:
-      writer.abort()
     shutil.rmtree(runs_dir, ignore_errors=True)
   return summary
 
