@@ -4,8 +4,8 @@
 
 inputs (listed here, in name order) → each file mapped to rows by the built-in runner's code
 (`ingest._mapped_blocks`: the compiled scanner, `data.ripe.reference` for the rest) and
-written as time-sorted run files (`ingest.gather_runs`) → one worker merges every file's runs
-into the shards (`ingest.write_shards`, the built-in runner's merge and writer) and writes
+written as time-sorted run files (`shard_sort.gather_runs`) → one worker merges every file's runs
+into the shards (`shard_sort.write_shards`, the built-in runner's merge and writer) and writes
 the `.complete` marker. The merge orders equal times by input order whatever the runs, and
 the writer cuts row groups by row count alone, so both runners write byte-identical files
 and the same marker for the same inputs and `--shards`. A unit of work is a whole file (a
@@ -44,7 +44,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from maxtext_netdata.data import beam_temp, remote
 from maxtext_netdata.data.raw.layout import COMPLETE_MARKER, clear_outputs, write_complete_marker
 from maxtext_netdata.data.ripe import ingest as builtin
-from maxtext_netdata.data.ripe import reference
+from maxtext_netdata.data.ripe import reference, shard_sort
 from maxtext_netdata.data.ripe import scan as ripe_scan
 from maxtext_netdata.data.ripe.sample import Sample
 from maxtext_netdata.errors import DataError, WritesTo
@@ -205,11 +205,11 @@ class _MapFile(beam.DoFn):
         s["decompress_threads"],
       )  # fmt: skip
       prefix = f"run-{index:06d}"
-      rest = builtin.gather_runs(
+      rest = shard_sort.gather_runs(
         tables, self.work_dir, s["run_rows"], s["sample"], runs, probes, prefix, fs
       )
       if rest:
-        runs.append(builtin._write_run(rest, self.work_dir, len(runs), prefix, fs))
+        runs.append(shard_sort.write_run(rest, self.work_dir, len(runs), prefix, fs))
     except DataError as e:  # the first bad line or unreadable data: the merge reports it
       report["error"] = str(e)
     report.update(counts=dataclasses.asdict(counts), runs=runs, probes=sorted(probes))
@@ -231,8 +231,8 @@ def _merge(reports: list[dict], options, out_dir, work_dir, inputs, shards, samp
     builtin.check_rows(counts, inputs, sample)
     runs = [path for report in reports for path in report["runs"]]
     files = builtin.shard_count(shards, counts.rows)
-    pieces = builtin._merge(runs, output.filesystem)
-    paths = builtin.write_shards(output.path, pieces, counts.rows, files, output.filesystem)
+    pieces = shard_sort.merge(runs, output.filesystem)
+    paths = shard_sort.write_shards(output.path, pieces, counts.rows, files, output.filesystem)
     probes = len(set().union(*(r["probes"] for r in reports))) if sample else 0
     output.write_marker(builtin.marker(counts, sample, probes, inputs, paths))
     result = {

@@ -11,7 +11,7 @@ import pytest
 
 from maxtext_netdata import cli
 from maxtext_netdata.data.raw.layout import FILE_PATTERN
-from maxtext_netdata.data.ripe import decompress
+from maxtext_netdata.data.ripe import decompress, shard_sort
 from maxtext_netdata.data.ripe import ingest as builtin
 from maxtext_netdata.data.ripe.sample import Sample
 from maxtext_netdata.data.synthetic.generate import generate
@@ -82,7 +82,7 @@ def _both(tmp_path, inputs, **kwargs):
 @pytest.mark.parametrize("shards", [0, 3])
 def test_beam_writes_the_builtin_files_and_marker(tmp_path, lines, shards, monkeypatch):
   # Batches of 64 rows (of ~3 results a second) merged: equal times across batch ends.
-  monkeypatch.setattr(builtin, "_MERGE_BATCH", 64)
+  monkeypatch.setattr(shard_sort, "_MERGE_BATCH", 64)
   inputs = _inputs(tmp_path / "in", lines)
   a, b, files_a, files_b = _both(tmp_path, inputs, shards=shards)
   assert (
