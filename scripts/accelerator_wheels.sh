@@ -4,7 +4,8 @@
 # The VM's image (Python 3.12, x86-64) has jax with its CUDA plugin, flax, optax,
 # orbax-checkpoint, numba, numpy, pyarrow and the small packages listed in IMAGE below; it
 # lacks Grain and its array_record and portpicker, pydantic (with pydantic-core,
-# annotated-types, typing-inspection) and tensorboardX. typing_extensions and protobuf are
+# annotated-types, typing-inspection), tensorboardX and indexed_bzip2 (bz2 on every core:
+# benchmarks/bench_decompress.py runs there). typing_extensions and protobuf are
 # there at versions not known here, below what pydantic (>= 4.16) and Grain (>= 5.28.3) need
 # perhaps, so they come too: newer ones serve older users. duckdb, which only `ingest`'s
 # reference reader imports, stays behind (24 MiB). Versions are constraints.txt's. Then every
@@ -16,7 +17,7 @@ MAX_BYTES=$((40 * 1024 * 1024))
 WHEELS=(
   grain array_record portpicker
   pydantic pydantic_core annotated-types typing-inspection typing_extensions
-  tensorboardX protobuf
+  tensorboardX protobuf indexed-bzip2
 )
 # What the image has that those wheels need (the accelerator VM's package list).
 IMAGE="absl-py cloudpickle etils fsspec numpy packaging psutil zipp"

@@ -5,17 +5,19 @@
 tiny model and tiny sizes. The parts, in order:
 
 1. environment: package versions, the devices, the chip's bf16 peak, host cores and memory;
-2. synthetic: the configured model on `dataset_type=synthetic`: the first step (compile
-   included), the median step, tokens/s and MFU counting the configured token slots
+2. synthetic: the configured model on `dataset_type=synthetic` (when its step fails, once
+   more with `FALLBACK`, and the parts after measure that): the first step (compile included), the median step, tokens/s and MFU counting the configured token slots
    (MaxText's figure, padding included) and real tokens (the trainer's), device memory;
 3. data: generated measurements (`maxtext-netdata generate`) prepared into a store here;
 4. network: the same model on `network_grain` from that store: median step, the share of the
-   step spent waiting for data, the step ratio network/synthetic;
+   step spent waiting for data, the step ratio network/synthetic; then once more with each
+   batch placed on the device when its step asks (`device_prefetch=0`), which measures what
+   placing batches ahead is worth there;
 5. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
    idle share and gaps, and loading alone (real tokens/s) per `grain_worker_count`;
-6. switch sweep: the configured batch on synthetic data with each switch of the mode (the
-   attention kernel, bfloat16 off), the MFU of each and the fastest; a switch that fails
-   (cuDNN refusing a shape, out of memory) is recorded and the next one runs;
+6. switch sweep: the configured batch on synthetic data with each switch of the mode (what
+   each block keeps for the backward pass, XLA's attention), the MFU of each and the
+   fastest; a switch that fails (out of memory) is recorded and the next one runs;
 7. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
    fastest switches, the MFU of each and the best; it stops at the first size that fails (out
    of memory) and before a size whose compile would overrun the time budget.
@@ -113,8 +115,16 @@ ACCELERATOR = Sizes(
   sweep_steps=5,
   overrides=(),
   # The fused kernel first: the one expected to earn the MFU (docs/performance.md).
-  switches=({"attention": "cudnn"}, {"attention": "einsum"}, {"dtype": "float32"}),
+  switches=(
+    {"remat_policy": "none"},
+    {"remat_policy": "minimal_with_context"},
+    {"remat_policy": "full"},
+    {"attention": "xla"},
+  ),
 )
+# The configuration the check falls back to when the configured step fails: XLA's attention
+# and every block recomputed, the least memory.
+FALLBACK = {"attention": "xla", "remat_policy": "full"}
 DRY_RUN = Sizes(
   rows=30_000,
   steps=3,
@@ -220,6 +230,7 @@ def run(args: argparse.Namespace) -> dict:
     "synthetic": None,
     "data": None,
     "network": None,
+    "network_on_demand": None,
     "bench": None,
     "loading": None,
     "loading_threads": None,
@@ -228,6 +239,7 @@ def run(args: argparse.Namespace) -> dict:
     "outputs": None,
     "errors": {},
     "skipped": {},
+    "fallback": None,
     "out": str(out),
     "elapsed_s": None,
   }
@@ -250,17 +262,36 @@ def run(args: argparse.Namespace) -> dict:
     save()
 
   peak, devices = env["peak_tflops"], env["devices"]
-  part(
-    "synthetic",
-    lambda: measure_training(
+
+  def synthetic() -> dict:
+    return measure_training(
       cfg, sizes.steps, work / "runs" / "synthetic", peak, devices, dataset_type="synthetic"
-    ),
-  )
+    )
+
+  part("synthetic", synthetic)
+  if report["synthetic"] is None:
+    # The configured step did not run (out of memory, a kernel refused at compile time): the
+    # safest kernels still measure the rest; the error stays in the report.
+    report["errors"]["synthetic (configured)"] = report["errors"].pop("synthetic", None)
+    cfg = cfg.replace(**FALLBACK)
+    report["fallback"] = ", ".join(f"{k}={v}" for k, v in FALLBACK.items())
+    report["model"] = model_figures(cfg, devices)
+    part("synthetic", synthetic)
   part("data", lambda: make_store(cfg, sizes.rows, work / "raw"))
   part(
     "network",
     lambda: with_ratio(
       measure_training(cfg, sizes.steps, work / "runs" / "network", peak, devices),
+      report["synthetic"],
+    ),
+    needs=("data",),
+  )
+  part(
+    "network_on_demand",
+    lambda: with_ratio(
+      measure_training(
+        cfg, sizes.steps, work / "runs" / "network_on_demand", peak, devices, device_prefetch=0
+      ),
       report["synthetic"],
     ),
     needs=("data",),
@@ -322,6 +353,8 @@ def model_figures(cfg: Config, devices: int) -> dict:
     "sequences": sequences,
     "max_target_length": cfg.max_target_length,
     "tokens_per_step": sequences * cfg.max_target_length,
+    "attention": model.attention_used(cfg),
+    "remat_policy": cfg.remat_policy,
   }
 
 

@@ -56,6 +56,12 @@ def format_table(report: dict) -> str:
       f" attention), batch {shape['sequences']} x {shape['max_target_length']}, {peak}",
     ),
   ]
+  if "attention" in shape:  # reports before these keys lack them
+    rows.append(
+      ("kernels", f"attention {shape['attention']}, remat_policy {shape['remat_policy']}")
+    )
+  if report.get("fallback"):
+    rows.append(("fallback", report["fallback"]))
   synthetic = report["synthetic"]
   if synthetic:
     rows.append(
@@ -77,18 +83,19 @@ def format_table(report: dict) -> str:
         f" {data['prepare_s']:.1f} s",
       )
     )
-  network = report["network"]
-  if network:
-    ratio = network["step_ratio_to_synthetic"]
-    rows.append(
-      (
-        "network_grain",
-        f"median {ms(network['step_time']['median'])}, data wait"
-        f" {network['data_wait_share']:.1%} of the step, network/synthetic"
-        f" {'n/a' if ratio is None else f'{ratio:.3f}'},"
-        f" MFU real tokens {share(network['mfu_real_tokens'])}",
+  for key, label in (("network", "network_grain"), ("network_on_demand", "placed on demand")):
+    network = report.get(key)
+    if network:
+      ratio = network["step_ratio_to_synthetic"]
+      rows.append(
+        (
+          label,
+          f"median {ms(network['step_time']['median'])}, data wait"
+          f" {network['data_wait_share']:.1%} of the step, network/synthetic"
+          f" {'n/a' if ratio is None else f'{ratio:.3f}'},"
+          f" MFU real tokens {share(network['mfu_real_tokens'])}",
+        )
       )
-    )
   bench = report["bench"]
   if bench:
     rows.append(("verdict", bench["verdict"]["kind"]))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -303,16 +304,55 @@ def _main_thread_events(host) -> list:
 
 
 def _runs(events) -> list[tuple[str, int, int]]:
-  """Program runs from op events carrying `hlo_module` and `run_id` stats."""
-  spans: dict[tuple[str, int], list[int]] = {}
+  """Program runs from op events carrying an `hlo_module` stat (see `runs_of_ops`)."""
+  ops = []
   for e in events:
     stats = dict(e.stats)
-    if "hlo_module" not in stats:
+    if "hlo_module" in stats:
+      op = stats.get("hlo_op", e.name)
+      ops.append((stats["hlo_module"], op, e.start_ns, e.end_ns, stats.get("run_id")))
+  return runs_of_ops(ops)
+
+
+def runs_of_ops(ops) -> list[tuple[str, int, int]]:
+  """Program runs `(module, start, end)` from op events `(module, op, start, end, run_id)`.
+
+  Ops with a `run_id` (XLA on the CPU) are grouped by it. A GPU's kernels carry the module and
+  the op but no run id (seen on an H100 with jax 0.11.2: `hlo_module`, `hlo_op`,
+  `correlation_id`, `cuda_graph_id`), and one run's kernels come from many launches, so there
+  a module's runs are cut where an op that runs once per run recurs: per module, the op
+  counts that two or more ops share, the smallest of them above one is the number of runs
+  (ops inside a scanned loop run once per layer; an op seen once is a run cut by the trace's
+  ends), and the first op with that count marks each run's start. A run then reaches to the
+  next one's start, so a step's period is the same whichever op marks it.
+  """
+  spans: dict[tuple[str, int], list[int]] = {}
+  unnumbered: dict[str, list[tuple[str, int, int]]] = {}
+  for module, op, start, end, run_id in ops:
+    if run_id is None:
+      unnumbered.setdefault(module, []).append((op, start, end))
       continue
-    key = (stats["hlo_module"], stats.get("run_id", e.start_ns))
-    span = spans.setdefault(key, [e.start_ns, e.end_ns])
-    span[0], span[1] = min(span[0], e.start_ns), max(span[1], e.end_ns)
-  return [(name, lo, hi) for (name, _), (lo, hi) in spans.items()]
+    span = spans.setdefault((module, run_id), [start, end])
+    span[0], span[1] = min(span[0], start), max(span[1], end)
+  runs = [(name, lo, hi) for (name, _), (lo, hi) in spans.items()]
+  for module, module_ops in unnumbered.items():
+    module_ops.sort(key=lambda o: o[1])
+    counts = Counter(op for op, _, _ in module_ops)
+    shared = Counter(counts.values())
+    repeated = [n for n in counts.values() if n > 1]
+    if not repeated:
+      runs.append((module, module_ops[0][1], max(end for _, _, end in module_ops)))
+      continue
+    times = min((n for n in repeated if shared[n] > 1), default=min(repeated))
+    marker = next(op for op, _, _ in module_ops if counts[op] == times)
+    starts = [start for op, start, _ in module_ops if op == marker]
+    ends = [*starts[1:], None]
+    for lo, next_lo in zip(starts, ends, strict=True):
+      inside = [
+        end for _, start, end in module_ops if start >= lo and (next_lo is None or start < next_lo)
+      ]
+      runs.append((module, lo, max(inside)))
+  return runs
 
 
 def _step_module(runs, wanted: str | None) -> str | None:

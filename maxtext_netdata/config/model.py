@@ -141,6 +141,12 @@ class ConfigModel(BaseModel):
     0, description="read threads of to_iter_dataset (in-process prefetch); 0 builds in next()"
   )
   grain_prefetch_buffer_size: int = Field(4, description="batches prefetched by those threads")
+  device_prefetch: int = Field(
+    2,
+    ge=0,
+    description="global batches placed on the devices ahead of the step that takes them;"
+    " 0 places each when the step asks",
+  )
   grain_ram_budget_mb: int = Field(2048, description="memory the -1 worker count may use")
   data_shuffle_seed: int = Field(0, description="seed of every random choice of the data pipeline")
   enable_data_shuffling: bool = Field(
@@ -222,8 +228,15 @@ class ConfigModel(BaseModel):
   logits_dot_in_fp32: bool = Field(True, description="compute the output projection in float32")
   attention: Literal["dot_product", "xla", "cudnn", "einsum"] = Field(
     "dot_product",
-    description="attention kernel: dot_product (jax.nn.dot_product_attention, JAX picks),"
+    description="attention kernel: dot_product (jax.nn.dot_product_attention: cuDNN's fused"
+    " kernel on a GPU in bfloat16/float16 where it takes the shapes, else XLA's),"
     " xla, cudnn (fused, GPU, bfloat16/float16 only) or einsum (plain einsum + softmax)",
+  )
+  remat_policy: Literal["none", "minimal", "minimal_with_context", "full"] = Field(
+    "full",
+    description="what each decoder block keeps for the backward pass (MaxText's key and"
+    " names): none (everything), minimal (the matmul outputs), minimal_with_context (and"
+    " the attention output), full (its input only; the rest is recomputed)",
   )
 
   learning_rate: Real = Field(0.0003, description="peak learning rate")

@@ -9,6 +9,7 @@ joins them.
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import NamedTuple
 
@@ -48,29 +49,54 @@ class DataIterator:
   process and valid for any worker, thread or process count. Worker processes start at
   `start_prefetch()` (call it after restoring a position, while the model compiles) or at the
   first batch; `close` ends them.
+
+  `ahead` (`device_prefetch`) global batches are on the devices before the step that takes
+  them, each placed right after the step `ahead` earlier was handed its batch: a batch's
+  host-to-device copy then has `ahead` steps of time to finish, so the step never waits for
+  it and the host may queue the next step while this one runs (the pattern of flax's
+  `prefetch_to_device`, without its thread). The position is that after the last batch
+  handed out, not after the last one placed, so a checkpoint resumes exactly.
   """
 
-  def __init__(self, local_iterator, sharding: jax.sharding.Sharding, global_rows: int):
+  def __init__(
+    self, local_iterator, sharding: jax.sharding.Sharding, global_rows: int, ahead: int = 0
+  ):
     self.local_iterator = local_iterator
     self._sharding = sharding
     self._global_rows = global_rows
+    self._ahead = ahead
+    self._placed: collections.deque = collections.deque()  # (global batch, position after it)
+    self._position = None  # after the last batch handed out; None: the local iterator's
 
   def __iter__(self):
     return self
 
   def __next__(self) -> dict[str, jax.Array]:
-    return to_global(next(self.local_iterator), self._sharding, self._global_rows)
+    while len(self._placed) <= self._ahead:
+      try:
+        host = next(self.local_iterator)
+      except StopIteration:
+        break
+      batch = to_global(host, self._sharding, self._global_rows)
+      self._placed.append((batch, self.local_iterator.get_state() if self._ahead else None))
+    if not self._placed:
+      raise StopIteration
+    batch, self._position = self._placed.popleft()
+    return batch
 
   def start_prefetch(self) -> None:
     self.local_iterator.start_prefetch()
 
   def get_state(self) -> dict:
-    return self.local_iterator.get_state()
+    return self._position if self._position is not None else self.local_iterator.get_state()
 
   def set_state(self, state: dict) -> None:
     self.local_iterator.set_state(state)
+    self._placed.clear()
+    self._position = None
 
   def close(self) -> None:
+    self._placed.clear()
     self.local_iterator.close()
 
 
@@ -121,7 +147,7 @@ def _network_grain(config: Config, mesh: Mesh):
   )
 
   def global_batches(split: network_splits.SplitBatches) -> DataIterator:
-    return DataIterator(split.host_batches(lo, hi), sharding, size)
+    return DataIterator(split.host_batches(lo, hi), sharding, size, config.device_prefetch)
 
   return global_batches(train), None if evaluation is None else global_batches(evaluation)
 

@@ -10,8 +10,11 @@ in `weight_dtype`; the output projection runs in float32 when `logits_dot_in_fp3
 
 `attention` picks the kernel of that attention; every one computes the same function, causal
 AND same segment, exactly (docs/training.md, "Attention"):
-- `dot_product`: `jax.nn.dot_product_attention` with the implementation left to JAX (XLA's
-  in JAX 0.11-0.12), `is_causal=True` and the same-segment mask;
+- `dot_product`: `jax.nn.dot_product_attention` with `is_causal=True` and the same-segment
+  mask, by cuDNN's fused kernel on an NVIDIA GPU with bfloat16/float16 activations when it
+  takes the shapes (JAX checks them as it traces), else by XLA's. JAX 0.11-0.12 left to
+  itself picks XLA's everywhere, whose scores [b, heads, T, T] in float32 a training step
+  keeps for every layer: 71 GiB for the 112M model at 32 x 1024 on an H100, out of memory;
 - `xla`: the same call with `implementation="xla"`;
 - `cudnn`: the same call with `implementation="cudnn"`: cuDNN's fused flash-attention kernel
   (NVIDIA GPUs, bfloat16/float16 activations only). It takes no segment ids, so the
@@ -19,6 +22,13 @@ AND same segment, exactly (docs/training.md, "Attention"):
   `is_causal=True` lets the kernel skip the tiles above the diagonal;
 - `einsum`: the plain einsum + softmax over a dense causal-and-segment mask, the reference
   the others are tested against.
+
+`remat_policy` (MaxText's key and names) picks what each scanned block keeps for the
+backward pass, by `nn.remat` with a `jax.checkpoint` policy over the names that
+`checkpoint_name` gives the block's matmul outputs (MaxText's names): `none` keeps
+everything, `minimal` the projections (query, key, value, out, MLP in and out),
+`minimal_with_context` those and the attention output, `full` only the block's input. The
+values are the same whichever; memory and step time differ.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax.ad_checkpoint import checkpoint_name
 
 from maxtext_netdata.config import Config
 
@@ -110,15 +121,58 @@ def attend(
   """
   if kernel == "einsum":
     return einsum_attention(query, key, value, mask)
-  return jax.nn.dot_product_attention(
-    query,
-    key,
-    value,
-    mask=mask,
-    scale=query.shape[-1] ** -0.5,
-    is_causal=True,
-    implementation=_IMPLEMENTATIONS[kernel],
-  )
+
+  def call(implementation: str | None) -> jax.Array:
+    return jax.nn.dot_product_attention(
+      query,
+      key,
+      value,
+      mask=mask,
+      scale=query.shape[-1] ** -0.5,
+      is_causal=True,
+      implementation=implementation,
+    )
+
+  if kernel == "dot_product" and _cudnn_may_run(query.dtype):
+    try:
+      return call("cudnn")
+    except _CUDNN_REFUSALS:
+      return call("xla")
+  return call(_IMPLEMENTATIONS[kernel])
+
+
+# What JAX raises while tracing when cuDNN's kernel cannot take the shapes, the layout or
+# the installed cuDNN version; `dot_product` then runs XLA's.
+_CUDNN_REFUSALS = (NotImplementedError, ValueError, RuntimeError)
+
+
+def _cudnn_may_run(dtype: jnp.dtype) -> bool:
+  """Whether cuDNN's fused kernel is worth trying: a GPU backend and 16-bit activations."""
+  return jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+
+
+def attention_used(cfg: Config) -> str:
+  """The kernel `cfg.attention` runs here for `cfg`'s shapes: the key itself, or for
+  `dot_product` `cudnn` or `xla` (with cuDNN's refusal when it refused), found by tracing
+  one row of attention."""
+  if cfg.attention != "dot_product":
+    return cfg.attention
+  dtype = jnp.dtype(cfg.dtype)
+  if not _cudnn_may_run(dtype):
+    return "xla"
+  row = (1, cfg.max_target_length)
+  query = jax.ShapeDtypeStruct((*row, cfg.base_num_query_heads, cfg.head_dim), dtype)
+  key = jax.ShapeDtypeStruct((*row, cfg.base_num_kv_heads, cfg.head_dim), dtype)
+  segmentation = jax.ShapeDtypeStruct(row, jnp.int32)
+
+  def cudnn(query, key, value, segmentation):
+    return attend(query, key, value, segment_mask(segmentation), "cudnn")
+
+  try:
+    jax.eval_shape(cudnn, query, key, key, segmentation)
+  except _CUDNN_REFUSALS as e:
+    return f"xla (cuDNN refused: {str(e).splitlines()[0] if str(e) else type(e).__name__})"
+  return "cudnn"
 
 
 def kernel_mask(segmentation: jax.Array, kernel: str) -> jax.Array:
@@ -147,18 +201,19 @@ class Attention(nn.Module):
         name=name,
       )
 
-    query = apply_rope(projection(self.num_query_heads, "query")(x), positions)
-    key = apply_rope(projection(self.num_kv_heads, "key")(x), positions)
-    value = projection(self.num_kv_heads, "value")(x)
-    out = attend(query, key, value, mask, self.kernel)
-    return nn.DenseGeneral(
+    query = checkpoint_name(projection(self.num_query_heads, "query")(x), "query_proj")
+    key = checkpoint_name(projection(self.num_kv_heads, "key")(x), "key_proj")
+    value = checkpoint_name(projection(self.num_kv_heads, "value")(x), "value_proj")
+    out = attend(apply_rope(query, positions), apply_rope(key, positions), value, mask, self.kernel)
+    out = nn.DenseGeneral(
       x.shape[-1],
       axis=(-2, -1),
       use_bias=False,
       dtype=self.dtype,
       param_dtype=self.weight_dtype,
       name="out",
-    )(out)
+    )(checkpoint_name(out, "context"))
+    return checkpoint_name(out, "out_proj")
 
 
 class Mlp(nn.Module):
@@ -175,8 +230,9 @@ class Mlp(nn.Module):
         features, use_bias=False, dtype=self.dtype, param_dtype=self.weight_dtype, name=name
       )
 
-    hidden = nn.silu(dense(self.hidden_dim, "wi_0")(x)) * dense(self.hidden_dim, "wi_1")(x)
-    return dense(x.shape[-1], "wo")(hidden)
+    gate = checkpoint_name(dense(self.hidden_dim, "wi_0")(x), "mlpwi_0")
+    up = checkpoint_name(dense(self.hidden_dim, "wi_1")(x), "mlpwi_1")
+    return checkpoint_name(dense(x.shape[-1], "wo")(nn.silu(gate) * up), "mlpwo")
 
 
 class DecoderLayer(nn.Module):
@@ -226,7 +282,7 @@ class Transformer(nn.Module):
     x = embed(inputs)
     mask = kernel_mask(segmentation, cfg.attention)
     layers = nn.scan(
-      DecoderLayer,
+      remat(DecoderLayer, cfg.remat_policy),
       variable_axes={"params": 0},
       split_rngs={"params": True},
       in_axes=(nn.broadcast, nn.broadcast),
@@ -242,6 +298,23 @@ class Transformer(nn.Module):
       param_dtype=weight_dtype,
       name="logits_dense",
     )(x.astype(logits_dtype))
+
+
+# `remat_policy` → the names of what a block keeps (MaxText's `minimal_policy`).
+_MINIMAL = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
+_SAVED_NAMES = {"minimal": _MINIMAL, "minimal_with_context": (*_MINIMAL, "context")}
+
+
+def remat(block: type[nn.Module], policy: str) -> type[nn.Module]:
+  """`block` under `policy` (the `remat_policy` key): as it is for `none`, else `nn.remat`
+  keeping the named outputs (`minimal*`) or nothing but its input (`full`)."""
+  if policy == "none":
+    return block
+  names = _SAVED_NAMES.get(policy)
+  saved = jax.checkpoint_policies.save_only_these_names(*names) if names else None
+  # prevent_cse=False: under scan, as in MaxText, the loop already keeps XLA from merging
+  # the recomputation into the forward pass.
+  return nn.remat(block, policy=saved, prevent_cse=False)
 
 
 def check_model_config(cfg: Config) -> None:

@@ -21,9 +21,11 @@ from tests.helpers import REPO
 TABLE_ROWS = (
   "device",
   "model",
+  "kernels",
   "synthetic",
   "data",
   "network_grain",
+  "placed on demand",
   "verdict",
   "profile",
   "loading alone",
@@ -64,7 +66,8 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
     flops.utilization(shape["flops_per_token"], synthetic["tokens_per_s"], 1, 1.0)
   )
   assert synthetic["mfu"] > synthetic["mfu_real_tokens"] > 0
-  assert f"MFU {synthetic['mfu']:.1%}" in table[2]
+  assert f"MFU {synthetic['mfu']:.1%}" in table[TABLE_ROWS.index("synthetic")]
+  assert table[TABLE_ROWS.index("kernels")].endswith("attention xla, remat_policy minimal")
 
   network = report["network"]
   assert 0 <= network["data_wait_share"] < 1
@@ -72,6 +75,9 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
     network["step_time"]["median"] / synthetic["step_time"]["median"]
   )
   assert report["data"]["rows"] == accelerator_check.DRY_RUN.rows
+  on_demand = report["network_on_demand"]
+  assert on_demand["step_ratio_to_synthetic"] > 0
+  assert on_demand["real_tokens_per_step"] == network["real_tokens_per_step"]  # same batches
 
   bench = report["bench"]
   assert bench["verdict"]["kind"] in {
@@ -177,13 +183,15 @@ def test_batch_sweep_stops_before_overrunning_the_budget(monkeypatch, tmp_path):
 
 
 def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch, tmp_path):
-  """cuDNN refusing the shapes is a result, not the end of the sweep; float32 is slower."""
-  tokens_per_s = {"einsum": 20_000.0, "float32": 10_000.0}
+  """A switch running out of memory is a result, not the end of the sweep; the fastest of the
+  others is picked."""
+  tokens_per_s = {"minimal_with_context": 20_000.0, "full": 10_000.0, "xla": 5_000.0}
 
-  def fake_measure(cfg, steps, run_dir, peak, devices, dataset_type, attention=None, dtype=None):
-    if attention == "cudnn":
-      raise NotImplementedError("The head dim must be <= 256 and a multiple of 8\ndetails")
-    return _configured_run(32.0, tokens_per_s["einsum" if attention else dtype])
+  def fake_measure(cfg, steps, run_dir, peak, devices, dataset_type, **switches):
+    [value] = switches.values()
+    if value == "none":
+      raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate\ndetails")
+    return _configured_run(32.0, tokens_per_s[value])
 
   monkeypatch.setattr(accelerator_check, "measure_training", fake_measure)
   cfg = config.load(None, ["per_device_batch_size=32"])
@@ -197,9 +205,9 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
     _Left(1e9),
   )
   assert [r["switches"] for r in sweep["runs"]] == list(accelerator_check.ACCELERATOR.switches)
-  assert sweep["runs"][0]["error"].startswith("NotImplementedError: The head dim")
-  assert [r.get("tokens_per_s") for r in sweep["runs"]] == [None, 20_000.0, 10_000.0]
-  assert sweep["best"] == {"attention": "einsum"} and sweep["stopped"] is None
+  assert sweep["runs"][0]["error"].startswith("RuntimeError: RESOURCE_EXHAUSTED: Out of memory")
+  assert [r.get("tokens_per_s") for r in sweep["runs"]] == [None, 20_000.0, 10_000.0, 5_000.0]
+  assert sweep["best"] == {"remat_policy": "minimal_with_context"} and sweep["stopped"] is None
   assert sweep["best_run"]["tokens_per_s"] == 20_000.0
 
   stopped = accelerator_check.sweep_switches(
@@ -211,7 +219,7 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
     _Left(5.0),
   )
   assert stopped["runs"] == [] and stopped["best"] == {}
-  assert stopped["stopped"] == "attention=cudnn and the switches after it: 5 s left"
+  assert stopped["stopped"] == "remat_policy=none and the switches after it: 5 s left"
 
 
 def _trace(path: Path, events: int) -> None:

@@ -112,3 +112,36 @@ def test_a_missing_trace_leaves_the_verdict_and_says_why(tmp_path):
     "kind": bench_report.BOTTLENECK,
     "text": f"Slow. No profile: {result['error']}",
   }
+
+
+def _gpu_step_ops(steps: int, layers: int, period: int, first: int = 1000):
+  """Kernels of `steps` back-to-back runs of a scanned train step as a GPU trace shows them:
+  module and op, no run id; per run an embedding op, `layers` loop iterations of three ops,
+  two update ops; an op cut by the trace's start runs once, and another module runs between."""
+  ops = [("jit__train_step", "transpose.9", first - 50, first - 40, None)]
+  for step in range(steps):
+    t = first + step * period
+    ops.append(("jit__train_step", "gather_fusion", t, t + 5, None))
+    for layer in range(layers):
+      for k, op in enumerate(("gemm_fusion_dot.1", "cudnn_sdpa", "loop_fusion.4")):
+        start = t + 10 + layer * 30 + k * 10
+        ops.append(("jit__train_step", op, start, start + 8, None))
+    end = t + 10 + layers * 30
+    ops += [("jit__train_step", "update.1", end, end + 5, None)]
+    ops += [("jit__train_step", "update.2", end + 5, end + 9, None)]
+    ops += [("jit_convert_element_type", "convert", end + 20, end + 21, None)]
+  return ops
+
+
+def test_gpu_kernels_without_run_ids_split_into_the_runs_of_the_step():
+  """On a GPU the step's runs are found from its kernels alone: one run per step, each
+  starting at an op that runs once a step, whatever the order the events come in."""
+  ops = _gpu_step_ops(steps=5, layers=4, period=200)
+  runs = profile.runs_of_ops(list(reversed(ops)))
+  steps = sorted((lo, hi) for name, lo, hi in runs if name == "jit__train_step")
+  assert [lo for lo, _ in steps] == [1000 + 200 * i for i in range(5)]
+  assert all(hi == lo + 10 + 4 * 30 + 9 for lo, hi in steps)
+  assert sorted(name for name, _, _ in runs).count("jit_convert_element_type") == 5
+  # Ops with run ids (XLA on the CPU) stay grouped by them.
+  numbered = [("jit_step", "a", 0, 5, 7), ("jit_step", "b", 6, 9, 7), ("jit_step", "a", 20, 25, 8)]
+  assert sorted(profile.runs_of_ops(numbered)) == [("jit_step", 0, 9), ("jit_step", 20, 25)]

@@ -62,6 +62,39 @@ def test_network_grain_yields_global_arrays_of_the_host_batches(overrides):
   assert rest == expected[3:]
 
 
+def _digests_and_positions(iterator, count: int) -> list[tuple[str, int]]:
+  return [
+    (digest({k: np.asarray(v) for k, v in next(iterator).items()}), iterator.get_state()["step"])
+    for _ in range(count)
+  ]
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_batches_placed_ahead_are_the_same_batches_at_the_same_positions(overrides, ahead):
+  """`device_prefetch` changes when a batch is placed, never which batch comes or the position
+  a checkpoint saves: after k batches the position is k, and a restore there (also in an
+  iterator that placed batches past it) continues with batch k + 1."""
+  config = config_lib.load(None, [*overrides, "device_prefetch=0"])
+  mesh = mesh_lib.make_mesh(config)
+  plain, evaluation = create_data_iterator(config, mesh)
+  evaluation.close()
+  ahead_config = config.replace(device_prefetch=ahead)
+  placed, evaluation = create_data_iterator(ahead_config, mesh)
+  evaluation.close()
+  try:
+    want = _digests_and_positions(plain, 6)
+    assert [position for _, position in want] == [1, 2, 3, 4, 5, 6]
+    got = _digests_and_positions(placed, 2)
+    position = placed.get_state()
+    got += _digests_and_positions(placed, 2)
+    placed.set_state(position)  # back to step 2: the batches placed past it are dropped
+    got += _digests_and_positions(placed, 4)
+  finally:
+    plain.close()
+    placed.close()
+  assert got == want[:4] + want[2:]
+
+
 def _cli_digests(overrides, steps: int) -> list[str]:
   result = subprocess.run(
     [sys.executable, "-m", "maxtext_netdata", "batches", "configs/base.yml", *overrides]

@@ -1,5 +1,7 @@
 """The Transformer: shapes and dtypes, causal and per-segment attention, RoPE positions."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -199,3 +201,49 @@ def test_bfloat16_activations_keep_float32_parameters_and_stay_close():
   assert "bf16[" in str(dots[0]) and "dot_general" in str(dots[0])
   low = _logits(jax.jit(half.apply), params, ids, positions, jnp.ones_like(ids))
   assert 0 < np.abs(low - full).max() < 0.1 * np.abs(full).max()
+
+
+def _loss_and_grads(cfg, params, batch):
+  transformer = model.Transformer(cfg)
+  inputs, positions, segmentation, targets = batch
+
+  def loss(params):
+    logits = transformer.apply({"params": params}, inputs, positions, segmentation)
+    picked = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)
+    return -jnp.mean(picked)
+
+  return jax.jit(jax.value_and_grad(loss))(params), loss
+
+
+def _saved_elements(loss, params, capsys) -> int:
+  """Elements the backward pass keeps, by JAX's own account (`print_saved_residuals`)."""
+  capsys.readouterr()
+  jax.ad_checkpoint.print_saved_residuals(loss, params)
+  shapes = re.findall(r"^\w+\[([\d,]*)\]", capsys.readouterr().out, re.MULTILINE)
+  return sum(int(np.prod([int(d) for d in shape.split(",") if d])) for shape in shapes)
+
+
+def test_remat_policies_keep_less_and_recompute_the_same_gradients(capsys):
+  """Every `remat_policy` gives `none`'s loss and gradients, and each keeps less for the
+  backward pass than the one before it: none > minimal_with_context > minimal > full."""
+  cfg, _, params = _setup("dtype=float32")
+  rng = np.random.default_rng(3)
+  length = cfg.max_target_length
+  segmentation = _packed_segmentation(rng, 2, length)
+  positions = np.zeros_like(segmentation)
+  for row in range(2):
+    for segment in np.unique(segmentation[row]):
+      where = segmentation[row] == segment
+      positions[row, where] = np.arange(where.sum())
+  inputs, targets = rng.integers(11, 267, (2, 2, length)).astype(np.int32)
+  batch = (inputs, positions, segmentation, targets)
+
+  saved = []
+  (want_loss, want_grads), _ = _loss_and_grads(cfg.replace(remat_policy="none"), params, batch)
+  for policy in ("none", "minimal_with_context", "minimal", "full"):
+    (loss, grads), loss_fn = _loss_and_grads(cfg.replace(remat_policy=policy), params, batch)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    saved.append(_saved_elements(loss_fn, params, capsys))
+  assert saved == sorted(saved, reverse=True) and len(set(saved)) == 4, saved
