@@ -5,7 +5,8 @@ Trains a few steps of the config on `dataset_type=synthetic` and then on `networ
 median step time (the trainer's metrics), the device's busy time per step (the union of its
 op and stream events between the step program's first and last steady run), the XLA programs
 and the kernels that took the most device time, and the device plane's lines as the profiler
-wrote them. The `.xplane.pb` files go to `--out`, gzipped. This is the measurement behind a
+wrote them. What the profile analysis reads of each trace (`bench.profile.write_events`,
+`--steps` steps of it) goes to `--out` as `<run>.events.json.gz`. This is the measurement behind a
 step ratio network/synthetic above 1 with no data wait: is the device busier, or idle?
 
   python benchmarks/gpu_step_profile.py [--config configs/latency_network.yml] [--out DIR]
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import json
 import os
 import shutil
@@ -29,9 +29,6 @@ from maxtext_netdata import config
 from maxtext_netdata.bench import accelerator_check, benchmark
 from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench.report import WARMUP_STEPS
-
-# Larger traces are dropped from --out (what comes back from a lent machine is limited).
-MAX_FILE_BYTES = 15 * 2**20
 
 
 def device_summary(xplane: Path, top: int = 12) -> dict:
@@ -118,23 +115,19 @@ def main() -> None:
   report = {}
   for number, kind in enumerate(args.kinds.split(",")):
     name = f"{number}_{kind}"
-    with bench_profile.trace(work / name / "profile") as trace_dir:
+    with bench_profile.trace(work / name / "profile", perfetto=False) as trace_dir:
       summary = benchmark.train_and_read_metrics(
         cfg, args.steps, work / "runs" / name, dataset_type=kind
       )
     xplane = bench_profile.find_xplane(trace_dir)
-    packed = out / f"{name}.xplane.pb.gz"
-    with open(xplane, "rb") as f, gzip.open(packed, "wb") as g:
-      shutil.copyfileobj(f, g)
-    if packed.stat().st_size > MAX_FILE_BYTES:
-      print(f"{packed}: {packed.stat().st_size / 2**20:.1f} MiB, too large to keep; removed")
-      packed.unlink()
+    events = bench_profile.read_events(xplane)
+    bench_profile.write_events(events, out / f"{name}.events.json.gz", steps=args.steps)
     entry = {"step_time": summary["step_time"], "data_wait": summary["data_wait"]}
     entry.update(device_summary(xplane))
     steps = max(summary["step_time"]["n"], 1)
     entry["busy_ms_per_step"] = entry.get("busy_ms", 0) / (steps + WARMUP_STEPS)
     try:
-      analyzed = bench_profile.analyze(xplane, "train_step", WARMUP_STEPS)
+      analyzed = bench_profile.analyze_events(events, "train_step", WARMUP_STEPS)
       entry["profile"] = {k: analyzed[k] for k in ("source", "module", "step_time_s", "idle_share")}
       entry["profile"]["steps"] = len(analyzed["steps"])
     except ValueError as e:

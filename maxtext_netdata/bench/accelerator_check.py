@@ -26,8 +26,10 @@ The machine is lent for minutes, so a part that fails is recorded with its error
 one runs, and report.json is rewritten after every part. Compiled programs are cached on disk
 for the check's duration (a fresh cache each time): the first synthetic step pays the compile,
 later runs of the same shapes load it. Outputs in `--out`: report.json, report.png (bench's
-plot), trace.json.gz (the profile's Perfetto trace, trimmed to TRACE_BYTES); the last lines
-printed are a short table.
+plot), trace.json.gz (the profile's Perfetto trace, trimmed to TRACE_BYTES),
+profile_events.json.gz (what the profile analysis read of the trace, PROFILE_STEPS steps: the
+fixture of tests/bench/test_profile.py's device test); the last lines printed are a short
+table.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from maxtext_netdata.bench import (
   loading,
   render,
 )
+from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.config import Config
 from maxtext_netdata.distributed.mesh import make_mesh
@@ -70,6 +73,8 @@ DEFAULT_WORK = "runs/accelerator_check"
 BUDGET_S = 480.0
 # The trimmed profile trace (gzip), small enough to come back from the machine.
 TRACE_BYTES = 4 * 2**20
+# Steps of the profile's events kept in profile_events.json.gz.
+PROFILE_STEPS = 6
 # Reported when installed: the stack the step runs on and what the pipeline imports.
 PACKAGES = (
   "jax",
@@ -455,15 +460,24 @@ def run_bench(cfg: Config, args: argparse.Namespace, sizes: Sizes, env: dict, ou
 
 
 def write_outputs(bench: dict, bench_dir: Path, out: Path) -> dict:
-  """bench's plot as `out/report.png` and its profile's Perfetto trace, trimmed, as
-  `out/trace.json.gz` (None when the profiler wrote none)."""
+  """bench's plot as `out/report.png`, its profile's Perfetto trace, trimmed, as
+  `out/trace.json.gz`, and what the profile analysis read of the trace, PROFILE_STEPS steps
+  of it, as `out/profile_events.json.gz` (`bench.profile.write_events`: a test fixture of this
+  device's trace); None for what the profiler did not write."""
   plot = render.write_plot(bench, out / "report.png")
   trace = _newest(bench_dir / "real" / "profile", "perfetto_trace.json.gz")
+  xplane = (bench.get("profile") or {}).get("trace")
+  events = None
+  if xplane:
+    events = bench_profile.write_events(
+      bench_profile.read_events(xplane), out / "profile_events.json.gz", steps=PROFILE_STEPS
+    )
   return {
     "plot": str(plot),
     "trace": accelerator_report.trim_trace(trace, out / "trace.json.gz", TRACE_BYTES)
     if trace
     else None,
+    "profile_events": str(events) if events else None,
   }
 
 

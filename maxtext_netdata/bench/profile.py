@@ -23,6 +23,8 @@ environment, and the analysis itself (interval unions over a few thousand events
 from __future__ import annotations
 
 import contextlib
+import gzip
+import json
 import os
 import re
 from collections import Counter
@@ -58,12 +60,13 @@ _IDLE_MARKERS = ("ThreadpoolListener",)
 
 
 @contextlib.contextmanager
-def trace(log_dir: str | os.PathLike) -> Iterator[Path]:
-  """`jax.profiler.trace` into `log_dir` (Perfetto trace too); yields the folder."""
+def trace(log_dir: str | os.PathLike, perfetto: bool = True) -> Iterator[Path]:
+  """`jax.profiler.trace` into `log_dir` (with `perfetto`, Perfetto's trace too, which JAX
+  converts from the xplane at the end: a minute for a long GPU trace); yields the folder."""
   import jax
 
   log_dir = Path(log_dir)
-  with jax.profiler.trace(str(log_dir), create_perfetto_trace=True):
+  with jax.profiler.trace(str(log_dir), create_perfetto_trace=perfetto):
     yield log_dir
 
 
@@ -85,10 +88,81 @@ def analyze(
   skip_steps: int = 0,
   first_step: int = 0,
 ) -> dict:
-  """Idle share per step, the gaps and what the host did in them, from one trace file.
+  """Idle share per step, the gaps and what the host did in them, from one trace file:
+  `analyze_events(read_events(xplane), ...)`."""
+  return analyze_events(read_events(xplane), step_module, skip_steps, first_step)
+
+
+def read_events(xplane: str | os.PathLike) -> dict:
+  """What the analysis needs of a `.xplane.pb` written by the JAX profiler, as plain lists:
+
+  - `source`: where the accelerator's activity was read (device tracks, or CPU XLA threads);
+  - `busy`: its op events, `[start_ns, end_ns]`;
+  - `runs`: the step programs' runs `[module, start_ns, end_ns]` from an `XLA Modules` line
+    (TPU), else None, and then `ops`: `[module, op, start_ns, end_ns, run_id or None]`, the
+    op events carrying an `hlo_module` stat, from which `runs_of_ops` finds the runs;
+  - `python`: the dispatching thread's events `[name, start_ns, end_ns]`.
+
+  Raises ValueError for a trace without a host plane or accelerator activity.
+  """
+  from jax.profiler import ProfileData
+
+  data = ProfileData.from_file(str(xplane))
+  host = data.find_plane_with_name("/host:CPU")
+  if host is None:
+    raise ValueError(f"{xplane}: no host plane in the trace")
+  events = _accelerator_activity(data, host)
+  if not events["busy"]:
+    raise ValueError(f"{xplane}: no accelerator activity in the trace")
+  events["trace"] = str(xplane)
+  events["python"] = [[e.name, e.start_ns, e.end_ns] for e in _main_thread_events(host)]
+  return events
+
+
+def write_events(events: dict, path: str | os.PathLike, steps: int | None = None) -> Path:
+  """`events` (`read_events`) as gzipped JSON at `path`; with `steps`, only those around the
+  middle run of the step program, so a trace of a few steps stays small (a test fixture)."""
+  events = dict(events)
+  if steps is not None:
+    module = _step_module(_event_runs(events), None)
+    starts = sorted(lo for name, lo, _ in _event_runs(events) if name == module)
+    first = max(0, (len(starts) - steps) // 2)
+    lo, hi = starts[first], starts[min(len(starts) - 1, first + steps)]
+
+    def inside(start: int, end: int) -> bool:
+      return start < hi and end > lo
+
+    events["busy"] = [b for b in events["busy"] if inside(*b)]
+    events["python"] = [p for p in events["python"] if inside(p[1], p[2])]
+    if events.get("runs") is not None:
+      events["runs"] = [r for r in events["runs"] if inside(r[1], r[2])]
+    events["ops"] = [o for o in events.get("ops") or [] if inside(o[2], o[3])]
+  path = Path(path)
+  path.write_bytes(gzip.compress(json.dumps(events, separators=(",", ":")).encode()))
+  return path
+
+
+def load_events(path: str | os.PathLike) -> dict:
+  """What `write_events` wrote."""
+  return json.loads(gzip.decompress(Path(path).read_bytes()))
+
+
+def _event_runs(events: dict) -> list[tuple[str, int, int]]:
+  if events.get("runs") is not None:
+    return [tuple(r) for r in events["runs"]]
+  return runs_of_ops(events.get("ops") or [])
+
+
+def analyze_events(
+  events: dict,
+  step_module: str | None = None,
+  skip_steps: int = 0,
+  first_step: int = 0,
+) -> dict:
+  """Idle share per step, the gaps and what the host did in them.
 
   Args:
-    xplane: a `.xplane.pb` written by the JAX profiler.
+    events: `read_events` of a trace (or `load_events` of a saved one).
     step_module: a substring of the XLA module name of the step (`train_step`); by default the
       module that ran twice or more with the most accelerator time.
     skip_steps: leading steps left out (compilation, a first step still filling the queue).
@@ -102,31 +176,24 @@ def analyze(
     most gap time, or None without gaps).
 
   Raises:
-    ValueError: the trace has fewer than two runs of the step or no accelerator activity.
+    ValueError: the trace has fewer than two runs of the step.
   """
-  from jax.profiler import ProfileData
-
-  data = ProfileData.from_file(str(xplane))
-  host = data.find_plane_with_name("/host:CPU")
-  if host is None:
-    raise ValueError(f"{xplane}: no host plane in the trace")
-  python = _main_thread_events(host)
-  source, busy, runs = _accelerator_activity(data, host)
-  if not busy:
-    raise ValueError(f"{xplane}: no accelerator activity in the trace")
+  trace = events.get("trace", "trace")
+  python = events["python"]
+  runs = _event_runs(events)
   module = _step_module(runs, step_module)
   starts = sorted(start for name, start, _ in runs if name == module)[skip_steps:]
   if len(starts) < 2:
     raise ValueError(
-      f"{xplane}: {len(starts)} runs of the step ({module or step_module}) after skipping"
+      f"{trace}: {len(starts)} runs of the step ({module or step_module}) after skipping"
       f" {skip_steps}; need 2 or more (profile more steps)"
     )
-  busy = _union(busy, merge_ns=MERGE_S * 1e9)
+  busy = _union([tuple(b) for b in events["busy"]], merge_ns=MERGE_S * 1e9)
   periods = list(zip(starts, starts[1:], strict=False))
   median_s = float(np.median([(e - s) / 1e9 for s, e in periods]))
   min_gap_ns = max(GAP_MIN_S, GAP_MIN_SHARE * median_s) * 1e9
-  data_events = _union([(e.start_ns, e.end_ns) for e in python if _DATA_EVENT.search(e.name)])
-  read_events = [(e.start_ns, e.end_ns) for e in python if _READ_EVENT.search(e.name)]
+  data_events = _union([(a, b) for name, a, b in python if _DATA_EVENT.search(name)])
+  reads = [(a, b) for name, a, b in python if _READ_EVENT.search(name)]
 
   steps, gap_list = [], []
   for number, (lo, hi) in enumerate(periods, start=first_step + skip_steps):
@@ -135,7 +202,7 @@ def analyze(
     for a, b in idle:
       if b - a >= min_gap_ns:
         gap = {"start_s": (a - starts[0]) / 1e9, "seconds": (b - a) / 1e9}
-        gap["cause"] = _cause(a, b, data_events, read_events)
+        gap["cause"] = _cause(a, b, data_events, reads)
         step_gaps.append(gap)
     idle_ns = sum(b - a for a, b in idle)
     steps.append(
@@ -154,8 +221,8 @@ def analyze(
     by_cause[gap["cause"]] += gap["seconds"]
   shares = [s["idle_share"] for s in steps]
   return {
-    "trace": str(xplane),
-    "source": source,
+    "trace": trace,
+    "source": events["source"],
     "module": module,
     "steps": steps,
     "step_time_s": median_s,
@@ -262,23 +329,26 @@ def plot_panel(ax, profile: dict) -> None:
   ax.legend(fontsize="small")
 
 
-def _accelerator_activity(data, host):
-  """(source words, busy intervals, program runs as (module, start, end))."""
+def _accelerator_activity(data, host) -> dict:
+  """`read_events`' source, busy, runs and ops: the first device plane's op tracks, else the
+  CPU host's XLA threads."""
   for plane in data.planes:
     if not plane.name.startswith("/device:") or "CPU" in plane.name:
       continue
     lines = list(plane.lines)
     chosen = [ln for ln in lines if ln.name in _DEVICE_OP_LINES]
     chosen = chosen or [ln for ln in lines if ln.name.lower().startswith("stream")]
-    busy = [(e.start_ns, e.end_ns) for ln in chosen for e in ln.events if e.duration_ns > 0]
+    busy = [[e.start_ns, e.end_ns] for ln in chosen for e in ln.events if e.duration_ns > 0]
     if not busy:
       continue
     modules = [ln for ln in lines if ln.name == "XLA Modules"]
-    if modules:
-      runs = [(re.sub(r"\(\d+\)$", "", e.name), e.start_ns, e.end_ns) for e in modules[0].events]
-    else:
-      runs = _runs(e for ln in chosen for e in ln.events)
-    return f"device tracks of {plane.name}", busy, runs
+    runs = (
+      [[re.sub(r"\(\d+\)$", "", e.name), e.start_ns, e.end_ns] for e in modules[0].events]
+      if modules
+      else None
+    )
+    ops = [] if modules else _ops(e for ln in chosen for e in ln.events)
+    return {"source": f"device tracks of {plane.name}", "busy": busy, "runs": runs, "ops": ops}
   events = [
     e
     for line in host.lines
@@ -286,7 +356,12 @@ def _accelerator_activity(data, host):
     for e in line.events
     if e.duration_ns > 0 and not e.name.startswith(_IDLE_MARKERS)
   ]
-  return "XLA threads of the CPU host", [(e.start_ns, e.end_ns) for e in events], _runs(events)
+  return {
+    "source": "XLA threads of the CPU host",
+    "busy": [[e.start_ns, e.end_ns] for e in events],
+    "runs": None,
+    "ops": _ops(events),
+  }
 
 
 def _main_thread_events(host) -> list:
@@ -303,15 +378,15 @@ def _main_thread_events(host) -> list:
   return best
 
 
-def _runs(events) -> list[tuple[str, int, int]]:
-  """Program runs from op events carrying an `hlo_module` stat (see `runs_of_ops`)."""
+def _ops(events) -> list[list]:
+  """`[module, op, start_ns, end_ns, run_id or None]` of the op events with `hlo_module`."""
   ops = []
   for e in events:
     stats = dict(e.stats)
     if "hlo_module" in stats:
       op = stats.get("hlo_op", e.name)
-      ops.append((stats["hlo_module"], op, e.start_ns, e.end_ns, stats.get("run_id")))
-  return runs_of_ops(ops)
+      ops.append([stats["hlo_module"], op, e.start_ns, e.end_ns, stats.get("run_id")])
+  return ops
 
 
 def runs_of_ops(ops) -> list[tuple[str, int, int]]:

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from maxtext_netdata import config
-from maxtext_netdata.bench import accelerator_check, accelerator_report, accelerators, flops
+from maxtext_netdata.bench import (
+  accelerator_check,
+  accelerator_report,
+  accelerators,
+  flops,
+  profile,
+)
 from maxtext_netdata.bench import report as bench_report
 from tests.helpers import REPO
 
@@ -102,6 +108,10 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   trace = out / "trace.json.gz"
   assert 0 < trace.stat().st_size <= accelerator_check.TRACE_BYTES
   assert json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+  # The profile's events, cut to a few steps, analyse as the profile did.
+  events = profile.load_events(out / "profile_events.json.gz")
+  assert events["source"] == report["bench"]["profile"]["source"]
+  assert len(profile.analyze_events(events, "train_step")["steps"]) >= 1
 
 
 @pytest.mark.parametrize(

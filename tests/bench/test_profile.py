@@ -97,6 +97,22 @@ def test_a_device_read_then_host_work_is_forced_synchronization(tmp_path):
   assert "device-to-host read" in verdict["text"]
 
 
+def test_saved_events_give_the_trace_s_analysis_and_a_window_of_it(tmp_path, step_s):
+  """What `write_events` keeps of a trace analyses as the trace does; a window of 4 steps keeps
+  those steps (a small fixture of a long trace) and their gaps."""
+  analyzed = _run(tmp_path, loader_sleep=max(0.02, 2 * step_s))
+  events = profile.read_events(profile.find_xplane(tmp_path / "trace"))
+  whole = profile.load_events(profile.write_events(events, tmp_path / "all.json.gz"))
+  assert profile.analyze_events(whole) == analyzed
+  window = profile.load_events(profile.write_events(events, tmp_path / "four.json.gz", steps=4))
+  assert (tmp_path / "four.json.gz").stat().st_size < (tmp_path / "all.json.gz").stat().st_size
+  cut = profile.analyze_events(window)
+  assert 3 <= len(cut["steps"]) <= 4
+  middle = {round(s["seconds"], 6) for s in analyzed["steps"]}
+  assert {round(s["seconds"], 6) for s in cut["steps"]} <= middle
+  assert cut["host_waiting_on"] == analyzed["host_waiting_on"] == profile.DATA
+
+
 def test_too_few_steps_is_a_clear_error(tmp_path):
   with profile.trace(tmp_path / "trace"):
     jax.block_until_ready(_step(jnp.ones((8, 8))))
