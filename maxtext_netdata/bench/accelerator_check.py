@@ -35,7 +35,6 @@ table.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shutil
 import subprocess
@@ -45,10 +44,8 @@ import traceback
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import NamedTuple
 
 import jax
-import numpy as np
 import psutil
 
 from maxtext_netdata import config
@@ -61,7 +58,15 @@ from maxtext_netdata.bench import (
   render,
 )
 from maxtext_netdata.bench import profile as bench_profile
-from maxtext_netdata.bench.report import WARMUP_STEPS
+from maxtext_netdata.bench.accelerator_runs import (
+  Budget,
+  Sizes,
+  error_line,
+  measure_training,
+  sweep_batch_sizes,
+  sweep_switches,
+  with_ratio,
+)
 from maxtext_netdata.config import Config
 from maxtext_netdata.distributed.mesh import make_mesh
 from maxtext_netdata.input_pipeline import interface
@@ -92,21 +97,6 @@ PACKAGES = (
   "pydantic",
   "tensorboardX",
 )
-
-
-class Sizes(NamedTuple):
-  """How much each part measures."""
-
-  rows: int  # generated measurements
-  steps: int  # measured training steps per run, after WARMUP_STEPS
-  batches: int  # measured loading batches per worker count
-  workers: tuple[int, ...]  # grain_worker_count values of loading alone, up to the cores
-  threads: tuple[int, ...]  # grain_num_threads values of in-process loading alone
-  thread_tokens: float  # token slots each of those runs times: a second or more of CPU
-  batch_scales: tuple[float, ...]  # multiples of per_device_batch_size swept
-  sweep_steps: int  # measured steps per swept batch size
-  overrides: tuple[str, ...]  # config overrides of the mode
-  switches: tuple[dict[str, str], ...] = ()  # config changes tried against the configured run
 
 
 ACCELERATOR = Sizes(
@@ -189,16 +179,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   )
 
 
-class Budget:
-  """The time left of the check's budget."""
-
-  def __init__(self, seconds: float):
-    self._deadline = time.monotonic() + seconds
-
-  def left(self) -> float:
-    return self._deadline - time.monotonic()
-
-
 def run(args: argparse.Namespace) -> dict:
   """Every part in order; returns the report (also written to `<out>/report.json`)."""
   started = time.perf_counter()
@@ -263,7 +243,7 @@ def run(args: argparse.Namespace) -> dict:
         report[name] = measure()
       except Exception as e:  # the other parts' figures must still come back
         traceback.print_exc()
-        report["errors"][name] = _error_line(e)
+        report["errors"][name] = error_line(e)
     save()
 
   peak, devices = env["peak_tflops"], env["devices"]
@@ -363,60 +343,6 @@ def model_figures(cfg: Config, devices: int) -> dict:
   }
 
 
-def measure_training(
-  cfg: Config,
-  steps: int,
-  run_dir: Path,
-  peak_tflops: float | None,
-  devices: int,
-  **overrides,
-) -> dict:
-  """`steps + WARMUP_STEPS` steps of `cfg` with `overrides` (bench's training run), condensed.
-
-  Token rates and MFU use the median step; configured tokens are every slot of the global
-  batch (MaxText's count), real tokens the median per step of the trainer's `real_tokens`.
-  The data-wait share is the steady steps' waiting over their time. Device memory is the
-  process's peak so far (None on a CPU).
-  """
-  start = time.perf_counter()
-  summary = benchmark.train_and_read_metrics(cfg, steps, run_dir, **overrides)
-  with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
-    records = sorted((r for r in map(json.loads, f) if "step_time_s" in r), key=lambda r: r["step"])
-  steady = records[WARMUP_STEPS:]
-  run_cfg = cfg.replace(**overrides)
-  slots = run_cfg.global_batch_size(devices) * run_cfg.max_target_length
-  real = float(np.median([r["real_tokens"] for r in steady]))
-  step = summary["step_time"]["median"]
-  flops_per_token = model.training_flops_per_token(run_cfg)
-  return {
-    "per_device_batch_size": run_cfg.per_device_batch_size,
-    "wall_s": time.perf_counter() - start,
-    "first_step_s": records[0]["step_time_s"],
-    "step_time": summary["step_time"],
-    "data_wait": summary["data_wait"],
-    "data_wait_share": sum(r["data_wait_s"] for r in steady)
-    / sum(r["step_time_s"] for r in steady),
-    "tokens_per_step": slots,
-    "real_tokens_per_step": real,
-    "tokens_per_s": slots / step,
-    "real_tokens_per_s": real / step,
-    "mfu": flops.utilization(flops_per_token, slots / step, devices, peak_tflops),
-    "mfu_real_tokens": flops.utilization(flops_per_token, real / step, devices, peak_tflops),
-    "device_memory_peak_bytes": (jax.local_devices()[0].memory_stats() or {}).get(
-      "peak_bytes_in_use"
-    ),
-    "run_dir": str(run_dir),
-    "training": summary,
-  }
-
-
-def with_ratio(network: dict, synthetic: dict | None) -> dict:
-  """`network` with its median step over the synthetic one (None without a synthetic run)."""
-  reference = synthetic["step_time"]["median"] if synthetic else None
-  ratio = network["step_time"]["median"] / reference if reference else None
-  return {**network, "step_ratio_to_synthetic": ratio}
-
-
 def make_store(cfg: Config, rows: int, raw_dir: Path) -> dict:
   """Generates `rows` measurements into `raw_dir` (`maxtext-netdata generate`, a shard per
   core) and prepares `cfg`'s store from them."""
@@ -512,86 +438,6 @@ def loading_by_threads(cfg: Config, sizes: Sizes) -> list[dict]:
   return runs
 
 
-def sweep_batch_sizes(
-  cfg: Config, sizes: Sizes, runs_dir: Path, configured: dict, env: dict, budget: Budget
-) -> dict:
-  """Synthetic steps at each `per_device_batch_size` of `sizes.batch_scales`, ascending.
-
-  The configured size is the synthetic part's run. No further size runs after one that fails
-  (out of memory: larger ones would too) or once the budget left is shorter than the
-  configured size's run took (a cold compile included, as a new size's is); `stopped` says
-  which.
-  """
-  configured_size = cfg.per_device_batch_size
-  batch_sizes = sorted({max(1, round(configured_size * s)) for s in sizes.batch_scales})
-  runs, stopped = [], None
-  for size in batch_sizes:
-    if size == configured_size:
-      runs.append(_sweep_entry(configured))
-      continue
-    if stopped is not None:
-      continue
-    if budget.left() < configured["wall_s"]:
-      stopped = f"per_device_batch_size={size} and the sizes after it: {budget.left():.0f} s left"
-      continue
-    try:
-      run = _sweep_run(cfg, sizes, env, runs_dir / f"batch_{size}", per_device_batch_size=size)
-    except Exception as e:  # out of memory, most likely; larger sizes would fail as well
-      runs.append({"per_device_batch_size": size, "error": _error_line(e)})
-      stopped = f"per_device_batch_size={size} failed"
-      continue
-    runs.append(_sweep_entry(run))
-  best = max((r for r in runs if "error" not in r), key=lambda r: r["tokens_per_s"])
-  return {"runs": runs, "best": best["per_device_batch_size"], "stopped": stopped}
-
-
-def sweep_switches(
-  cfg: Config, sizes: Sizes, runs_dir: Path, configured: dict, env: dict, budget: Budget
-) -> dict:
-  """Synthetic steps of the configured batch with each of `sizes.switches` applied.
-
-  A switch that fails is recorded and the next one runs; none starts once the budget left is
-  shorter than the configured run took. `best` is the fastest switch ({} when the configured
-  settings are), `best_run` its run for the batch sweep.
-  """
-  keys = ("per_device_batch_size", "wall_s", "step_time", "tokens_per_s", "real_tokens_per_s")
-  keys += ("mfu", "mfu_real_tokens")
-  best = {"switches": {}, **{key: configured[key] for key in keys}}
-  runs, stopped = [], None
-  for number, switches in enumerate(sizes.switches):
-    name = " ".join(f"{k}={v}" for k, v in switches.items())
-    if budget.left() < configured["wall_s"]:
-      stopped = f"{name} and the switches after it: {budget.left():.0f} s left"
-      break
-    try:
-      run = _sweep_run(cfg, sizes, env, runs_dir / f"switch_{number}", **switches)
-    except Exception as e:  # cuDNN refusing the shapes, out of memory: the next one may run
-      runs.append({"switches": switches, "error": _error_line(e)})
-      continue
-    runs.append({"switches": switches, **{key: run[key] for key in keys}})
-    if run["tokens_per_s"] > best["tokens_per_s"]:
-      best = runs[-1]
-  return {"runs": runs, "best": best["switches"], "best_run": best, "stopped": stopped}
-
-
-def _sweep_run(cfg: Config, sizes: Sizes, env: dict, run_dir: Path, **overrides) -> dict:
-  """`measure_training` of a sweep's synthetic run: `sizes.sweep_steps` steps with `overrides`."""
-  return measure_training(
-    cfg,
-    sizes.sweep_steps,
-    run_dir,
-    env["peak_tflops"],
-    env["devices"],
-    dataset_type="synthetic",
-    **overrides,
-  )
-
-
-def _sweep_entry(run: dict) -> dict:
-  keys = ("per_device_batch_size", "tokens_per_s", "real_tokens_per_s", "mfu", "mfu_real_tokens")
-  return {**{key: run[key] for key in keys}, "step_time_s": run["step_time"]["median"]}
-
-
 def _version(name: str) -> str | None:
   try:
     return metadata.version(name)
@@ -602,11 +448,6 @@ def _version(name: str) -> str | None:
 def _newest(folder: Path, name: str) -> Path | None:
   found = sorted(folder.rglob(name), key=lambda p: p.stat().st_mtime)
   return found[-1] if found else None
-
-
-def _error_line(error: BaseException) -> str:
-  lines = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]
 
 
 def _progress(message: str) -> None:

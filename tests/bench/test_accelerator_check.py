@@ -17,6 +17,7 @@ from maxtext_netdata import config
 from maxtext_netdata.bench import (
   accelerator_check,
   accelerator_report,
+  accelerator_runs,
   accelerators,
   flops,
   profile,
@@ -160,11 +161,11 @@ def _sweep(monkeypatch, tmp_path, fails_from: int, budget_left: float = 1e9) -> 
       raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate\ndetails")
     return _configured_run(per_device_batch_size, 1000.0 * per_device_batch_size)
 
-  monkeypatch.setattr(accelerator_check, "measure_training", fake_measure)
+  monkeypatch.setattr(accelerator_runs, "measure_training", fake_measure)
   cfg = config.load(None, ["per_device_batch_size=32"])
   env = {"peak_tflops": None, "devices": 1}
   configured = _configured_run(32.0, 30_000.0)
-  return accelerator_check.sweep_batch_sizes(
+  return accelerator_runs.sweep_batch_sizes(
     cfg, accelerator_check.ACCELERATOR, tmp_path, configured, env, _Left(budget_left)
   )
 
@@ -203,10 +204,10 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
       raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate\ndetails")
     return _configured_run(32.0, tokens_per_s[value])
 
-  monkeypatch.setattr(accelerator_check, "measure_training", fake_measure)
+  monkeypatch.setattr(accelerator_runs, "measure_training", fake_measure)
   cfg = config.load(None, ["per_device_batch_size=32"])
   configured = _configured_run(32.0, 15_000.0)
-  sweep = accelerator_check.sweep_switches(
+  sweep = accelerator_runs.sweep_switches(
     cfg,
     accelerator_check.ACCELERATOR,
     tmp_path,
@@ -220,7 +221,7 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
   assert sweep["best"] == {"remat_policy": "minimal_with_context"} and sweep["stopped"] is None
   assert sweep["best_run"]["tokens_per_s"] == 20_000.0
 
-  stopped = accelerator_check.sweep_switches(
+  stopped = accelerator_runs.sweep_switches(
     cfg,
     accelerator_check.ACCELERATOR,
     tmp_path,
