@@ -133,7 +133,7 @@ def attend(
       implementation=implementation,
     )
 
-  if kernel == "dot_product" and _cudnn_may_run(query.dtype):
+  if kernel == "dot_product" and cudnn_may_run(query.dtype):
     try:
       return call("cudnn")
     except _CUDNN_REFUSALS:
@@ -146,7 +146,7 @@ def attend(
 _CUDNN_REFUSALS = (NotImplementedError, ValueError, RuntimeError)
 
 
-def _cudnn_may_run(dtype: jnp.dtype) -> bool:
+def cudnn_may_run(dtype: jnp.dtype) -> bool:
   """Whether cuDNN's fused kernel is worth trying: a GPU backend and 16-bit activations."""
   return jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
 
@@ -158,7 +158,7 @@ def attention_used(cfg: Config) -> str:
   if cfg.attention != "dot_product":
     return cfg.attention
   dtype = jnp.dtype(cfg.dtype)
-  if not _cudnn_may_run(dtype):
+  if not cudnn_may_run(dtype):
     return "xla"
   row = (1, cfg.max_target_length)
   query = jax.ShapeDtypeStruct((*row, cfg.base_num_query_heads, cfg.head_dim), dtype)

@@ -49,9 +49,7 @@ def check_config(config: Config, mesh: jax.sharding.Mesh) -> int:
     model.check_model_config(config)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if config.attention == "cudnn" and (
-    jax.default_backend() != "gpu" or config.dtype not in ("bfloat16", "float16")
-  ):
+  if config.attention == "cudnn" and not model.cudnn_may_run(config.dtype):
     raise ConfigError(
       f"attention=cudnn needs an NVIDIA GPU and dtype bfloat16 or float16 (cuDNN's fused"
       f" kernel); here: {jax.default_backend()}, dtype={config.dtype}. attention=dot_product"
