@@ -142,6 +142,7 @@ class BatchBuilder:
   def __setstate__(self, state):
     self.__dict__.update(state)
     self._lock = threading.Lock()
+    batch_kernel.load_in_background(self._warm_kernel)  # a worker's first batches never wait
 
   @functools.cached_property
   def stats(self) -> epoch_plan.ProbeStats:
@@ -259,7 +260,7 @@ class BatchBuilder:
     inputs = [out[key] for key in INPUT_KEYS]
     targets = [out[key] for key in KEYS[3:]] if shifted else inputs
     try:
-      batch_kernel.fill_batch(*self._kernel_args(rows, (*inputs, *targets)), shifted)
+      batch_kernel.fill_batch_now()(*self._kernel_args(rows, (*inputs, *targets)), shifted)
     except ValueError as e:  # the kernel checks what it reads from the store
       raise DataError(f"{self.store.path}: {e}") from None
     return out

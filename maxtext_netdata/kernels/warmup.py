@@ -20,6 +20,7 @@ background compile.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -34,6 +35,19 @@ _threads: list[threading.Thread] = []
 
 
 _local = threading.local()  # `warming`: set on the warm-up thread
+
+
+def _forget_in_child() -> None:
+  """A forked child has none of the parent's threads: steps still running there would stay
+  pending in it forever (and `wait` would hang). It starts its own when it needs them."""
+  global _lock
+  _lock = threading.Lock()
+  _started.clear()
+  _seconds.clear()
+  _threads.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def pending(name: str) -> bool:
@@ -56,6 +70,20 @@ def wait(name: str, timeout: float | None = None) -> bool:
   """Waits for step `name` (if started); whether it has finished."""
   done = _started.get(name)
   return done is None or done.wait(timeout)
+
+
+def finish(name: str, said: str, skipped: str) -> None:
+  """At a command's end: when step `name` is still pending (a machine's first run), prints
+  `said` on stderr and waits for it, so that its kernel is cached and later runs load it.
+  Ctrl-C or SIGTERM (cli.signals.Terminated is a KeyboardInterrupt) ends the wait at once with
+  `skipped`, one line rather than a traceback; a later run compiles again."""
+  if not pending(name):
+    return
+  try:
+    print(said, file=sys.stderr, flush=True)
+    wait(name)
+  except KeyboardInterrupt:
+    print(skipped, file=sys.stderr, flush=True)
 
 
 def cached(kernel) -> bool:

@@ -83,6 +83,31 @@ def test_same_digests_for_zero_and_two_workers(overrides):
   assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 4
 
 
+@pytest.mark.slow
+def test_a_machines_first_run_prints_its_batches_before_the_kernel_is_compiled(
+  capsys, overrides, tmp_path
+):
+  """With an empty numba cache the batches come from the kernel's Python code while it
+  compiles, the same digests as the compiled kernel's; the command then waits for the compile
+  so that the next run loads it (and says nothing of it)."""
+  args = [*overrides, "grain_worker_count=0"]
+  _, expected, _ = run_batches(capsys, args, "--steps", "3")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+  command = [sys.executable, "-m", "maxtext_netdata", "batches", "configs/base.yml", *args]
+  runs = [
+    subprocess.run(
+      [*command, "--steps", "3"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    for _ in range(2)
+  ]
+  for run in runs:
+    assert run.returncode == 0 and run.stdout.splitlines() == expected, run.stderr[-2000:]
+  cold, warm = runs[0].stderr, runs[1].stderr
+  assert "3 batches were built by the batch kernel's Python code" in cold, cold
+  assert "finishing the batch kernel's compile" in cold, cold
+  assert "compiled the batch kernel" not in warm and "finishing" not in warm, warm
+
+
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
   code, lines, err = run_batches(
     capsys,

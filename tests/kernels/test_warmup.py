@@ -53,3 +53,29 @@ def test_a_compile_is_noted_where_it_is_paid_and_a_cache_load_is_not(tmp_path):
   first = stderr()
   assert first.count("ties compiled in ") == 1, first  # the second call compiled nothing
   assert "ties compiled" not in stderr()  # loaded from the cache
+
+
+_FORK = """
+import os, threading
+from maxtext_netdata.kernels import warmup
+release = threading.Event()
+thread = warmup.start([("test-fork", lambda: release.wait(30), None)])
+assert warmup.pending("test-fork")
+pid = os.fork()
+if pid == 0:
+  os._exit(0 if not warmup.pending("test-fork") and warmup.wait("test-fork", timeout=5) else 1)
+_, status = os.waitpid(pid, 0)
+release.set()
+thread.join(30)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_does_not_inherit_a_step_that_never_ends_there():
+  """The parent's thread does not exist in a forked child: a step pending in the parent is
+  not pending there, and `wait` returns at once instead of hanging. (In a fresh process
+  without JAX, whose threads make a fork in the test process unsafe.)"""
+  result = subprocess.run(
+    [sys.executable, "-c", _FORK], cwd=ROOT, capture_output=True, text=True, timeout=120
+  )
+  assert result.returncode == 0 and result.stdout.strip() == "0", result.stderr[-2000:]

@@ -25,7 +25,6 @@ on which block each one mapped (tests/data/ripe/test_cold_start.py).
 from __future__ import annotations
 
 import atexit
-import sys
 import threading
 from collections.abc import Callable
 
@@ -200,17 +199,13 @@ def _finish_scanner(loading: _Loading) -> None:
   compile to end, so that it is cached and later runs use the scanner (not after a failed
   run, which has nothing more to do). The output is written by then; Ctrl-C or SIGTERM ends
   the wait at once (a later run compiles again), with one line rather than a traceback."""
-  if warmup.pending(_SCANNER) and not loading.failed:
-    try:
-      print(
-        "ingest: output written; finishing the JSON scanner's compile (its first use on this"
-        " machine) so that later runs use it; Ctrl-C skips it",
-        file=sys.stderr,
-        flush=True,
-      )
-      warmup.wait(_SCANNER)
-    except KeyboardInterrupt:  # cli.signals.Terminated (SIGTERM) is one too
-      print("ingest: compile skipped; the next run compiles it", file=sys.stderr, flush=True)
+  if not loading.failed:
+    warmup.finish(
+      _SCANNER,
+      "ingest: output written; finishing the JSON scanner's compile (its first use on this"
+      " machine) so that later runs use it; Ctrl-C skips it",
+      "ingest: compile skipped; the next run compiles it",
+    )
 
 
 _NOTICE = "ingest: compiled {} on a thread (its first use on this machine; cached for later runs)"
