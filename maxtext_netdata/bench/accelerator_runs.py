@@ -34,7 +34,7 @@ class Sizes(NamedTuple):
   batch_scales: tuple[float, ...]  # multiples of per_device_batch_size swept
   sweep_steps: int  # measured steps per swept batch size
   overrides: tuple[str, ...]  # config overrides of the mode
-  switches: tuple[dict[str, str], ...] = ()  # config changes tried against the configured run
+  switches: tuple[dict[str, object], ...] = ()  # config changes tried against the configured run
 
 
 class Budget:

@@ -239,6 +239,15 @@ class ConfigModel(BaseModel):
     " the attention output), full (its input only; the rest is recomputed)",
   )
 
+  fused_qkv: bool = Field(
+    False,
+    description="query, key and value projections as one matmul (MaxText's key; needs"
+    " base_num_kv_heads = base_num_query_heads)",
+  )
+  fused_mlp: bool = Field(
+    False, description="the MLP's gate and up projections as one matmul (MaxText's key)"
+  )
+
   learning_rate: Real = Field(0.0003, description="peak learning rate")
   warmup_steps_fraction: Real = Field(
     0.1, description="share of steps spent warming up linearly from 0"

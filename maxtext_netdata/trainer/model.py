@@ -29,6 +29,12 @@ backward pass, by `nn.remat` with a `jax.checkpoint` policy over the names that
 everything, `minimal` the projections (query, key, value, out, MLP in and out),
 `minimal_with_context` those and the attention output, `full` only the block's input. The
 values are the same whichever; memory and step time differ.
+
+`fused_qkv` and `fused_mlp` (MaxText's keys) make the query, key and value projections one
+matmul (`qkv_proj`, [emb, 3, heads, head_dim], multi-head attention only) and the MLP's gate
+and up projections one (`wi`, [emb, 2, mlp]): the same function with fewer, larger matmuls,
+which a GPU runs nearer its peak at small widths. Their parameters are laid out differently,
+so a checkpoint restores only under the setting it was saved with.
 """
 
 from __future__ import annotations
@@ -189,6 +195,7 @@ class Attention(nn.Module):
   dtype: jnp.dtype
   weight_dtype: jnp.dtype
   kernel: str = "dot_product"
+  fused_qkv: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
@@ -201,9 +208,20 @@ class Attention(nn.Module):
         name=name,
       )
 
-    query = checkpoint_name(projection(self.num_query_heads, "query")(x), "query_proj")
-    key = checkpoint_name(projection(self.num_kv_heads, "key")(x), "key_proj")
-    value = checkpoint_name(projection(self.num_kv_heads, "value")(x), "value_proj")
+    if self.fused_qkv:  # one [emb, 3, heads, head_dim] matmul (MaxText's `fused_qkv`)
+      qkv = nn.DenseGeneral(
+        (3, self.num_query_heads, self.head_dim),
+        use_bias=False,
+        dtype=self.dtype,
+        param_dtype=self.weight_dtype,
+        name="qkv_proj",
+      )(x)
+      qkv = checkpoint_name(qkv, "qkv_proj")
+      query, key, value = (qkv[..., i, :, :] for i in range(3))
+    else:
+      query = checkpoint_name(projection(self.num_query_heads, "query")(x), "query_proj")
+      key = checkpoint_name(projection(self.num_kv_heads, "key")(x), "key_proj")
+      value = checkpoint_name(projection(self.num_kv_heads, "value")(x), "value_proj")
     out = attend(apply_rope(query, positions), apply_rope(key, positions), value, mask, self.kernel)
     out = nn.DenseGeneral(
       x.shape[-1],
@@ -222,6 +240,7 @@ class Mlp(nn.Module):
   hidden_dim: int
   dtype: jnp.dtype
   weight_dtype: jnp.dtype
+  fused: bool = False  # MaxText's `fused_mlp`: gate and up as one [emb, 2, hidden] matmul
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -230,8 +249,19 @@ class Mlp(nn.Module):
         features, use_bias=False, dtype=self.dtype, param_dtype=self.weight_dtype, name=name
       )
 
-    gate = checkpoint_name(dense(self.hidden_dim, "wi_0")(x), "mlpwi_0")
-    up = checkpoint_name(dense(self.hidden_dim, "wi_1")(x), "mlpwi_1")
+    if self.fused:
+      both = nn.DenseGeneral(
+        (2, self.hidden_dim),
+        use_bias=False,
+        dtype=self.dtype,
+        param_dtype=self.weight_dtype,
+        name="wi",
+      )(x)
+      both = checkpoint_name(both, "mlpwi")
+      gate, up = both[..., 0, :], both[..., 1, :]
+    else:
+      gate = checkpoint_name(dense(self.hidden_dim, "wi_0")(x), "mlpwi_0")
+      up = checkpoint_name(dense(self.hidden_dim, "wi_1")(x), "mlpwi_1")
     return checkpoint_name(dense(x.shape[-1], "wo")(nn.silu(gate) * up), "mlpwo")
 
 
@@ -251,10 +281,11 @@ class DecoderLayer(nn.Module):
       dtype,
       weight_dtype,
       cfg.attention,
+      cfg.fused_qkv,
       name="attention",
     )
     x = x + attention(RMSNorm(dtype, weight_dtype, name="pre_attention_norm")(x), positions, mask)
-    mlp = Mlp(cfg.base_mlp_dim, dtype, weight_dtype, name="mlp")
+    mlp = Mlp(cfg.base_mlp_dim, dtype, weight_dtype, cfg.fused_mlp, name="mlp")
     x = x + mlp(RMSNorm(dtype, weight_dtype, name="pre_mlp_norm")(x))
     return x, None
 
@@ -301,7 +332,10 @@ class Transformer(nn.Module):
 
 
 # `remat_policy` → the names of what a block keeps (MaxText's `minimal_policy`).
-_MINIMAL = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
+_MINIMAL = (
+  *("query_proj", "key_proj", "value_proj", "qkv_proj", "out_proj"),
+  *("mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo"),
+)
 _SAVED_NAMES = {"minimal": _MINIMAL, "minimal_with_context": (*_MINIMAL, "context")}
 
 
@@ -323,6 +357,12 @@ def check_model_config(cfg: Config) -> None:
     raise ValueError(
       f"base_num_query_heads={cfg.base_num_query_heads} is not a multiple of"
       f" base_num_kv_heads={cfg.base_num_kv_heads}"
+    )
+  if cfg.fused_qkv and cfg.base_num_kv_heads != cfg.base_num_query_heads:
+    raise ValueError(
+      f"fused_qkv needs as many key/value heads as query heads (MaxText's rule):"
+      f" base_num_kv_heads={cfg.base_num_kv_heads}, base_num_query_heads="
+      f"{cfg.base_num_query_heads}"
     )
   if cfg.head_dim % 2:
     raise ValueError(f"head_dim={cfg.head_dim} must be even for RoPE")

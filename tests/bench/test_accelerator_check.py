@@ -196,13 +196,17 @@ def test_batch_sweep_stops_before_overrunning_the_budget(monkeypatch, tmp_path):
 def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch, tmp_path):
   """A switch running out of memory is a result, not the end of the sweep; the fastest of the
   others is picked."""
-  tokens_per_s = {"minimal_with_context": 20_000.0, "full": 10_000.0, "xla": 5_000.0}
+  tokens_per_s = {
+    "remat_policy=minimal_with_context": 20_000.0,
+    "remat_policy=full": 10_000.0,
+    "attention=xla": 5_000.0,
+  }
 
   def fake_measure(cfg, steps, run_dir, peak, devices, dataset_type, **switches):
-    [value] = switches.values()
-    if value == "none":
+    name = " ".join(f"{key}={value}" for key, value in switches.items())
+    if name == "fused_qkv=True fused_mlp=True":
       raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate\ndetails")
-    return _configured_run(32.0, tokens_per_s[value])
+    return _configured_run(32.0, tokens_per_s[name])
 
   monkeypatch.setattr(accelerator_runs, "measure_training", fake_measure)
   cfg = config.load(None, ["per_device_batch_size=32"])
@@ -230,7 +234,7 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
     _Left(5.0),
   )
   assert stopped["runs"] == [] and stopped["best"] == {}
-  assert stopped["stopped"] == "remat_policy=none and the switches after it: 5 s left"
+  assert stopped["stopped"] == "fused_qkv=True fused_mlp=True and the switches after it: 5 s left"
 
 
 def _trace(path: Path, events: int) -> None:

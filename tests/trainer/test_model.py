@@ -247,3 +247,47 @@ def test_remat_policies_keep_less_and_recompute_the_same_gradients(capsys):
       np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
     saved.append(_saved_elements(loss_fn, params, capsys))
   assert saved == sorted(saved, reverse=True) and len(set(saved)) == 4, saved
+
+
+def _fused_params(params):
+  """`params` of the unfused model laid out for fused_qkv and fused_mlp: the same weights."""
+  layers = dict(params["layers"])
+  attention = dict(layers["attention"])
+  qkv = [attention.pop(name)["kernel"] for name in ("query", "key", "value")]
+  attention["qkv_proj"] = {"kernel": jnp.stack(qkv, axis=-3)}  # [layers, emb, 3, heads, dim]
+  mlp = dict(layers["mlp"])
+  mlp["wi"] = {"kernel": jnp.stack([mlp.pop("wi_0")["kernel"], mlp.pop("wi_1")["kernel"]], -2)}
+  layers.update(attention=attention, mlp=mlp)
+  return {**params, "layers": layers}
+
+
+def test_fused_projections_compute_the_same_function_and_keep_the_same(capsys):
+  """fused_qkv and fused_mlp with the unfused weights stacked: the same loss and gradients
+  (1e-5, float32), parameters of the same count, and under `minimal` the backward pass keeps
+  as many elements as the unfused model (the fused outputs are among the names it keeps)."""
+  cfg, _, params = _setup("dtype=float32", "base_num_kv_heads=4", "remat_policy=minimal")
+  fused_cfg = cfg.replace(fused_qkv=True, fused_mlp=True)
+  fused = _fused_params(params)
+  ids = jnp.zeros((1, cfg.max_target_length), jnp.int32)
+  shapes = jax.eval_shape(model.Transformer(fused_cfg).init, jax.random.key(0), ids, ids, ids)
+  assert jax.tree.map(lambda a: a.shape, fused) == jax.tree.map(lambda a: a.shape, shapes["params"])
+  assert model.num_params(fused_cfg) == sum(p.size for p in jax.tree.leaves(fused))
+  rng = np.random.default_rng(5)
+  segmentation = _packed_segmentation(rng, 2, cfg.max_target_length)
+  positions = np.zeros_like(segmentation)
+  for row in range(2):
+    for segment in np.unique(segmentation[row]):
+      where = segmentation[row] == segment
+      positions[row, where] = np.arange(where.sum())
+  inputs, targets = rng.integers(11, 267, (2, 2, cfg.max_target_length)).astype(np.int32)
+  batch = (inputs, positions, segmentation, targets)
+  (want_loss, want_grads), want_fn = _loss_and_grads(cfg, params, batch)
+  (loss, grads), loss_fn = _loss_and_grads(fused_cfg, fused, batch)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+  for got, want in zip(
+    jax.tree.leaves(grads), jax.tree.leaves(_fused_params(want_grads)), strict=True
+  ):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  assert _saved_elements(loss_fn, fused, capsys) == _saved_elements(want_fn, params, capsys)
+  with pytest.raises(ValueError, match="fused_qkv needs as many key/value heads"):
+    model.check_model_config(cfg.replace(fused_qkv=True, base_num_kv_heads=2))
