@@ -110,6 +110,8 @@ def format_table(report: dict) -> str:
           f" host waiting on: {profile['host_waiting_on'] or 'nothing'}",
         )
       )
+      if profile.get("device_time"):
+        rows.append(("device time", _device_time_row(profile)))
     elif profile:
       rows.append(("profile", f"not measured: {profile['error']}"))
     rows.append(("loading alone", _loading_row(report["loading"], "workers", per_core=False)))
@@ -164,6 +166,19 @@ def gib(value: int | None) -> str:
 
 def _switches(switches: dict[str, str]) -> str:
   return " ".join(f"{key}={value}" for key, value in switches.items())
+
+
+def _device_time_row(profile: dict) -> str:
+  """Kernel time per step of the profiled (real-data) step, by class and its top kernels."""
+  device = profile["device_time"]
+  classes = ", ".join(
+    f"{label} {seconds * 1e3:.1f} ms" for label, seconds in device["by_class_s"].items() if seconds
+  )
+  top = ", ".join(f"{name[:48]} {s * 1e3:.1f} ms" for name, s in device["top_kernels_s"].items())
+  return (
+    f"per step {classes}; kernels {device['kernels_s'] * 1e3:.1f} ms of a"
+    f" {profile['step_time_s'] * 1e3:.1f} ms step; top: {top}"
+  )
 
 
 def _loading_row(runs: list[dict], key: str, per_core: bool = True) -> str:

@@ -27,6 +27,7 @@ def time_loading(
   workers: int,
   tokens_key: str,
   ran_out_hint: str,
+  ready: Callable[[], object] | None = None,
 ) -> dict:
   """`bench_report.loading_summary` of `batches` global batches after warm-up, no training.
 
@@ -35,6 +36,9 @@ def time_loading(
   timed ones are made while we wait rather than drained from a full buffer. Each timed batch is
   `next()` until its arrays are on the device; its real tokens are the non-zero entries of this
   host's shards of `tokens_key`. `close` ends each iterator (train and eval, when there is one).
+  `ready`, when given, is called before the timed batches: it waits for what the loader still
+  prepares on a thread (our batch kernel's load or compile, meanwhile replaced by its slower
+  Python code), so that they time the loader as it runs from then on.
 
   Raises:
     ConfigError: the train iterator ran out; `ran_out_hint` follows "ran out after N batches".
@@ -46,6 +50,8 @@ def time_loading(
     first_batch_s = time.perf_counter() - start
     for i in range(warmup):
       _next_batch(train_iter, i + 1, ran_out_hint)
+    if ready is not None:
+      ready()
     cpu_before = _cpu_seconds()
     times, real_tokens, slot_tokens = [], 0, 0
     start = time.perf_counter()

@@ -531,6 +531,12 @@ def finish_compile() -> None:
   )
 
 
+def wait_ready() -> None:
+  """Waits until `load_in_background`'s thread has loaded or compiled the kernel (at once
+  when it never started): from then on `fill_batch_now` is the machine code."""
+  warmup.wait(_WARM)
+
+
 def fill_batch_now():
   """`fill_batch`, or while `load_in_background`'s thread still loads or compiles it, the
   kernel's own Python code (`kernels.python_mode`): the same batch at once, ~100x slower

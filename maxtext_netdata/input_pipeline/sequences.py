@@ -142,7 +142,6 @@ class BatchBuilder:
   def __setstate__(self, state):
     self.__dict__.update(state)
     self._lock = threading.Lock()
-    batch_kernel.load_in_background(self._warm_kernel)  # a worker's first batches never wait
 
   @functools.cached_property
   def stats(self) -> epoch_plan.ProbeStats:

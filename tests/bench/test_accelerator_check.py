@@ -35,6 +35,7 @@ TABLE_ROWS = (
   "placed on demand",
   "verdict",
   "profile",
+  "device time",
   "loading alone",
   "in-process",
   "batch sweep",

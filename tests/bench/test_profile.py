@@ -68,6 +68,10 @@ def test_back_to_back_steps_have_no_gaps(tmp_path):
   assert result["host_waiting_on"] is None
   assert result["idle_share"]["median"] < profile.IDLE_SHARE_NOTABLE
   assert "no gaps" in profile.describe(result)
+  # Each step is three 768 x 768 matmuls and a few elementwise ops: the matmuls dominate.
+  device = result["device_time"]
+  assert device["by_class_s"]["matmul"] > 2 * device["by_class_s"]["other"] > 0, device
+  assert device["kernels_s"] == pytest.approx(sum(device["by_class_s"].values()))
   # Slower steps without gaps were computed more slowly, not held up by a synchronization.
   verdict = profile.amend_verdict({"kind": bench_report.FORCED_SYNC, "text": "Forced."}, result)
   assert verdict["kind"] == bench_report.STARVED
@@ -161,3 +165,35 @@ def test_gpu_kernels_without_run_ids_split_into_the_runs_of_the_step():
   # Ops with run ids (XLA on the CPU) stay grouped by them.
   numbered = [("jit_step", "a", 0, 5, 7), ("jit_step", "b", 6, 9, 7), ("jit_step", "a", 20, 25, 8)]
   assert sorted(profile.runs_of_ops(numbered)) == [("jit_step", 0, 9), ("jit_step", 20, 25)]
+
+
+def test_gpu_kernel_time_per_step_by_class():
+  """The kernel time of the analyzed steps, by what each kernel's name says it is: cuDNN's
+  flash attention, cuBLAS and Triton GEMMs, copies, the rest (XLA's fusions)."""
+  kernels = {
+    "gemm_fusion_dot.1": "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT",
+    "cudnn_sdpa": "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3",
+    "loop_fusion.4": "loop_multiply_fusion_4",
+    "gather_fusion": "input_gather_fusion",
+    "update.1": "loop_add_fusion_2",
+    "update.2": "memcpy_d2d",
+  }
+  ops = [
+    (*op, kernels.get(op[1], "transpose_kernel"))
+    for op in _gpu_step_ops(steps=5, layers=4, period=200)
+  ]
+  events = {"source": "gpu", "busy": [o[2:4] for o in ops], "runs": None, "ops": ops}
+  events["python"] = []
+  result = profile.analyze_events(events, "train_step")
+  assert len(result["steps"]) == 4  # five runs: four whole periods
+  per_step = {label: s * 1e9 for label, s in result["device_time"]["by_class_s"].items()}
+  # Per step: 4 layers x 8 ns of each op in the loop (other: the loop fusion), gather 5 and
+  # update.1 5 (other), update.2 4 (copy), and the other module's transpose (1 ns, copy)
+  # between the steps.
+  assert per_step == pytest.approx({"attention": 32, "matmul": 32, "copy": 5, "other": 42})
+  top = result["device_time"]["top_kernels_s"]
+  assert list(top.values()) == sorted(top.values(), reverse=True) and len(top) == 6
+  assert top[kernels["cudnn_sdpa"]] * 1e9 == pytest.approx(32)
+  # Saved events of traces without kernel names analyze as before, without the breakdown.
+  events["ops"] = [op[:5] for op in ops]
+  assert profile.analyze_events(events, "train_step")["device_time"] is None
