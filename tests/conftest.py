@@ -20,3 +20,19 @@ def sample_dir(tmp_path_factory) -> str:
 def sample_files(sample_dir) -> list[str]:
   """The parquet files of `sample_dir`, in time order."""
   return sorted(glob.glob(os.path.join(sample_dir, "*.parquet")))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _shm_entries_by_module(request):
+  """With NETDATA_SHM_LOG set (scripts/test.sh sets it), appends `<entry> <module>` for each
+  /dev/shm entry that appeared while the module ran and is still there after it: the lines
+  scripts/test.sh reads to name the module behind an entry the suite left behind (in-process
+  Grain segments are unlinked only when pytest exits, so an entry here is not yet a leak)."""
+  log = os.environ.get("NETDATA_SHM_LOG")
+  before = set(os.listdir("/dev/shm")) if log else set()
+  yield
+  if log:
+    new = sorted(set(os.listdir("/dev/shm")) - before)
+    if new:
+      with open(log, "a") as f:
+        f.writelines(f"{entry} {request.module.__name__}\n" for entry in new)
