@@ -32,23 +32,23 @@ from maxtext_netdata.data.ripe import decompress
 from maxtext_netdata.data.synthetic.generate import generate
 
 
-def _cpu(who: int) -> float:
+def cpu_seconds(who: int) -> float:
   usage = resource.getrusage(who)
   return usage.ru_utime + usage.ru_stime
 
 
-def _timed(call, who: int = resource.RUSAGE_SELF, repeat: int = 1):
-  """(result, wall s, CPU s) of the fastest of `repeat` calls."""
+def timed(call, who: int = resource.RUSAGE_SELF, repeat: int = 1):
+  """(result, wall s, CPU s) of the fastest of `repeat` calls (shared with bench_ingest.py)."""
   best = None
   for _ in range(repeat):
-    wall, cpu = time.perf_counter(), _cpu(who)
+    wall, cpu = time.perf_counter(), cpu_seconds(who)
     result = call()
-    timed = (result, time.perf_counter() - wall, _cpu(who) - cpu)
+    timed = (result, time.perf_counter() - wall, cpu_seconds(who) - cpu)
     best = timed if best is None or timed[1] < best[1] else best
   return best
 
 
-def _drain(stream) -> int:
+def drain(stream) -> int:
   """Bytes of text read, a block at a time as ingest reads them."""
   try:
     return sum(len(piece) for piece in iter(lambda: stream.read(16 * 2**20), b""))
@@ -101,11 +101,11 @@ def main() -> None:
 
     with open(packed_path, "rb") as f:
       packed = f.read()
-    _, wall, cpu = _timed(lambda: bz2.decompress(packed), repeat=args.repeat)
+    _, wall, cpu = timed(lambda: bz2.decompress(packed), repeat=args.repeat)
     line("Python bz2", wall, cpu)
     if shutil.which("bzip2"):
       command = ["bzip2", "-dc", packed_path]
-      _, wall, cpu = _timed(
+      _, wall, cpu = timed(
         lambda: subprocess.run(command, stdout=subprocess.DEVNULL, check=True),
         resource.RUSAGE_CHILDREN,
         args.repeat,
@@ -113,8 +113,8 @@ def main() -> None:
       line("bzip2 -dc", wall, cpu)
     one = None
     for n in _thread_counts(args.threads):
-      done, wall, cpu = _timed(
-        lambda n=n: _drain(decompress.open_stream(pa.OSFile(packed_path), "bz2", n)),
+      done, wall, cpu = timed(
+        lambda n=n: drain(decompress.open_stream(pa.OSFile(packed_path), "bz2", n)),
         repeat=args.repeat,
       )
       assert done == size, f"{n} threads gave {done} bytes of {size}"

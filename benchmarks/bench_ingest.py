@@ -41,6 +41,7 @@ import subprocess
 import tempfile
 import time
 
+import bench_decompress  # this folder's: the decompression timing both benchmarks share
 import pyarrow as pa
 import pyarrow.json as pj
 
@@ -56,18 +57,8 @@ _PYARROW_PARSE = pj.ParseOptions(
 _ONE_REPLY = re.compile(rb'"result":\[\{"rtt":([0-9.]+)\}\],"dup":0,"rcvd":1,"sent":1')
 
 
-def _cpu(who=resource.RUSAGE_SELF) -> float:
-  usage = resource.getrusage(who)
-  return usage.ru_utime + usage.ru_stime
-
-
 def _timed(call, who=resource.RUSAGE_SELF):
-  wall, cpu = time.perf_counter(), _cpu(who)
-  result = call()
-  return result, time.perf_counter() - wall, _cpu(who) - cpu
-
-
-_timed_once = _timed
+  return bench_decompress.timed(call, who)
 
 
 def _print(label: str, what: str, results: int, wall: float, cpu: float, extra: str = "") -> None:
@@ -123,12 +114,7 @@ def _report(label: str, path: str, work: str, one_reader: bool = False) -> None:
     _print(label, what, results, wall, cpu, f", {summary.counts.rows:,} rows")
 
 
-def _drain(stream) -> int:
-  """Bytes of text read from a decompressor, 16 MB at a time, as ingest reads them."""
-  try:
-    return sum(len(piece) for piece in iter(lambda: stream.read(ingest.BLOCK_BYTES), b""))
-  finally:
-    stream.close()
+_drain = bench_decompress.drain  # 16 MB at a time, as ingest reads (ingest.BLOCK_BYTES)
 
 
 def _compressed(
@@ -138,7 +124,7 @@ def _compressed(
   each the fastest of `repeat` runs (on a shared machine the others' load only slows)."""
 
   def _timed(call, who=resource.RUSAGE_SELF):
-    return min((_timed_once(call, who) for _ in range(repeat)), key=lambda timed: timed[1])
+    return bench_decompress.timed(call, who, repeat)
 
   threads = sorted({1, 2, decompress.usable_cores()})
   with open(path, "rb") as f:
