@@ -16,7 +16,8 @@ tiny model and tiny sizes. The parts, in order:
 5. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
    idle share and gaps, and loading alone (real tokens/s) per `grain_worker_count`;
 6. switch sweep: the configured batch on synthetic data with each switch of the mode (fused
-   projections, what each block keeps for the backward pass, XLA's attention), the MFU of each and the
+   projections, the embedding by matmul, what each block keeps for the backward pass, XLA's
+   attention), the MFU of each and the
    fastest; a switch that fails (out of memory) is recorded and the next one runs;
 7. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
    fastest switches, the MFU of each and the best; it stops at the first size that fails (out
@@ -113,6 +114,7 @@ ACCELERATOR = Sizes(
   # remat_policy none was the slowest policy on the H100 (docs/performance.md): not rerun.
   switches=(
     {"fused_qkv": True, "fused_mlp": True},
+    {"use_iota_embed": True},
     {"remat_policy": "minimal_with_context"},
     {"remat_policy": "full"},
     {"attention": "xla"},

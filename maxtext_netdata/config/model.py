@@ -239,6 +239,9 @@ class ConfigModel(BaseModel):
     " the attention output), full (its input only; the rest is recomputed)",
   )
 
+  use_iota_embed: bool = Field(
+    False, description="embed tokens by a one-hot matmul instead of a gather (MaxText's key)"
+  )
   fused_qkv: bool = Field(
     False,
     description="query, key and value projections as one matmul (MaxText's key; needs"

@@ -30,6 +30,10 @@ everything, `minimal` the projections (query, key, value, out, MLP in and out),
 `minimal_with_context` those and the attention output, `full` only the block's input. The
 values are the same whichever; memory and step time differ.
 
+`use_iota_embed` (MaxText's key) looks the tokens up by a one-hot matmul instead of a gather:
+the same values, and a backward pass that is a matmul rather than a scatter-add of every
+token's gradient into the vocabulary's 268 rows.
+
 `fused_qkv` and `fused_mlp` (MaxText's keys) make the query, key and value projections one
 matmul (`qkv_proj`, [emb, 3, heads, head_dim], multi-head attention only) and the MLP's gate
 and up projections one (`wi`, [emb, 2, mlp]): the same function with fewer, larger matmuls,
@@ -310,7 +314,11 @@ class Transformer(nn.Module):
       param_dtype=weight_dtype,
       name="token_embedder",
     )
-    x = embed(inputs)
+    if cfg.use_iota_embed:  # MaxText's key: a one-hot matmul instead of a gather
+      one_hot = (inputs[..., None] == jnp.arange(cfg.vocab_size, dtype=inputs.dtype)).astype(dtype)
+      x = jnp.dot(one_hot, embed.embedding.astype(dtype))
+    else:
+      x = embed(inputs)
     mask = kernel_mask(segmentation, cfg.attention)
     layers = nn.scan(
       remat(DecoderLayer, cfg.remat_policy),

@@ -291,3 +291,18 @@ def test_fused_projections_compute_the_same_function_and_keep_the_same(capsys):
   assert _saved_elements(loss_fn, fused, capsys) == _saved_elements(want_fn, params, capsys)
   with pytest.raises(ValueError, match="fused_qkv needs as many key/value heads"):
     model.check_model_config(cfg.replace(fused_qkv=True, base_num_kv_heads=2))
+
+
+def test_iota_embedding_gives_the_gathers_logits_and_gradients():
+  """use_iota_embed looks tokens up by a one-hot matmul: the same logits and gradients as
+  the gather (float32; a one-hot row times the table picks the row's values exactly)."""
+  cfg, _, params = _setup("dtype=float32")
+  rng = np.random.default_rng(7)
+  inputs, targets = rng.integers(0, cfg.vocab_size, (2, 2, cfg.max_target_length)).astype(np.int32)
+  positions = np.tile(np.arange(cfg.max_target_length, dtype=np.int32), (2, 1))
+  batch = (inputs, positions, np.ones_like(inputs), targets)
+  (want_loss, want_grads), _ = _loss_and_grads(cfg, params, batch)
+  (loss, grads), _ = _loss_and_grads(cfg.replace(use_iota_embed=True), params, batch)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
