@@ -14,7 +14,9 @@ tiny model and tiny sizes. The parts, in order:
    batch placed on the device when its step asks (`device_prefetch=0`), which measures what
    placing batches ahead is worth there;
 5. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
-   idle share and gaps, and loading alone (real tokens/s) per `grain_worker_count`;
+   idle share and gaps, the real-data step's device time by kernel class, and loading alone
+   (real tokens/s) per `grain_worker_count`; then the synthetic step under the profiler, its
+   device time beside the real one's;
 6. switch sweep: the configured batch on synthetic data with each switch of the mode (fused
    projections, the embedding by matmul, what each block keeps for the backward pass, XLA's
    attention), the MFU of each and the
@@ -29,8 +31,8 @@ for the check's duration (a fresh cache each time): the first synthetic step pay
 later runs of the same shapes load it. Outputs in `--out`: report.json, report.png (bench's
 plot), trace.json.gz (the profile's Perfetto trace, trimmed to TRACE_BYTES),
 profile_events.json.gz (what the profile analysis read of the trace, PROFILE_STEPS steps: the
-fixture of tests/bench/test_profile.py's device test); the last lines printed are a short
-table.
+fixture of tests/bench/test_profile.py's device test), synthetic_profile_events.json.gz (the
+same of the synthetic step); the last lines printed are a short table.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from maxtext_netdata.bench.accelerator_runs import (
   sweep_switches,
   with_ratio,
 )
+from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.config import Config
 from maxtext_netdata.distributed.mesh import make_mesh
 from maxtext_netdata.input_pipeline import interface
@@ -229,6 +232,7 @@ def run(args: argparse.Namespace) -> dict:
     "switch_sweep": None,
     "batch_sweep": None,
     "outputs": None,
+    "synthetic_profile": None,
     "errors": {},
     "skipped": {},
     "fallback": None,
@@ -293,6 +297,11 @@ def run(args: argparse.Namespace) -> dict:
     report["loading"] = loading_by_workers(report["bench"])
   part("loading_threads", lambda: loading_by_threads(cfg, sizes), needs=("data",))
   part("outputs", lambda: write_outputs(report["bench"], work / "bench", out), needs=("bench",))
+  part(
+    "synthetic_profile",
+    lambda: profile_synthetic(cfg, work, out, peak, devices),
+    needs=("synthetic",),
+  )
   part(
     "switch_sweep",
     lambda: sweep_switches(cfg, sizes, work / "runs", report["synthetic"], env, budget),
@@ -411,6 +420,33 @@ def write_outputs(bench: dict, bench_dir: Path, out: Path) -> dict:
     if trace
     else None,
     "profile_events": str(events) if events else None,
+  }
+
+
+def profile_synthetic(cfg: Config, work: Path, out: Path, peak, devices: int) -> dict:
+  """The configured step on synthetic data under the profiler: its idle share and device time
+  by kernel class, to set beside the real-data step's (bench's profile): where a step ratio
+  above 1 comes from, a busier device or an idle one. Its events (PROFILE_STEPS steps) go to
+  `out/synthetic_profile_events.json.gz`."""
+  with bench_profile.trace(work / "synthetic_profile", perfetto=False) as trace_dir:
+    run = measure_training(
+      cfg,
+      PROFILE_STEPS + 1,
+      work / "runs" / "synthetic_profile",
+      peak,
+      devices,
+      dataset_type="synthetic",
+    )
+  events = bench_profile.read_events(bench_profile.find_xplane(trace_dir))
+  analyzed = bench_profile.analyze_events(events, "train_step", WARMUP_STEPS)
+  path = out / "synthetic_profile_events.json.gz"
+  bench_profile.write_events(events, path, steps=PROFILE_STEPS)
+  return {
+    "median_step_s": run["step_time"]["median"],
+    "step_time_s": analyzed["step_time_s"],
+    "idle_share": analyzed["idle_share"],
+    "device_time": analyzed["device_time"],
+    "events": str(path),
   }
 
 

@@ -111,10 +111,13 @@ def format_table(report: dict) -> str:
         )
       )
       if profile.get("device_time"):
-        rows.append(("device time", _device_time_row(profile)))
+        rows.append(("device time", "network_grain " + _device_time_row(profile)))
     elif profile:
       rows.append(("profile", f"not measured: {profile['error']}"))
     rows.append(("loading alone", _loading_row(report["loading"], "workers", per_core=False)))
+  synthetic_profile = report.get("synthetic_profile")
+  if synthetic_profile and synthetic_profile.get("device_time"):
+    rows.append(("synthetic device", "synthetic " + _device_time_row(synthetic_profile)))
   if report.get("loading_threads"):
     rows.append(("in-process", _loading_row(report["loading_threads"], "threads")))
   switched = report.get("switch_sweep") or {"runs": [], "best": {}, "stopped": None}

@@ -122,22 +122,27 @@ def read_events(xplane: str | os.PathLike) -> dict:
 
 def write_events(events: dict, path: str | os.PathLike, steps: int | None = None) -> Path:
   """`events` (`read_events`) as gzipped JSON at `path`; with `steps`, only those around the
-  middle run of the step program, so a trace of a few steps stays small (a test fixture)."""
+  middle run of the step program, so a trace of a few steps stays small (a test fixture):
+  `steps + 1` whole runs, whose starts bound `steps` steps for `analyze_events`."""
   events = dict(events)
   if steps is not None:
     module = _step_module(_event_runs(events), None)
     starts = sorted(lo for name, lo, _ in _event_runs(events) if name == module)
-    first = max(0, (len(starts) - steps) // 2)
-    lo, hi = starts[first], starts[min(len(starts) - 1, first + steps)]
+    ends = sorted(hi for name, _, hi in _event_runs(events) if name == module)
+    first = max(0, (len(starts) - steps - 1) // 2)
+    last = min(len(starts) - 1, first + steps)
+    lo, hi = starts[first], ends[last] + 1
 
     def inside(start: int, end: int) -> bool:
       return start < hi and end > lo
 
+    # Busy intervals and host events that overlap the window; runs and ops that start in it
+    # (a neighbour's tail would count as one more run).
     events["busy"] = [b for b in events["busy"] if inside(*b)]
     events["python"] = [p for p in events["python"] if inside(p[1], p[2])]
     if events.get("runs") is not None:
-      events["runs"] = [r for r in events["runs"] if inside(r[1], r[2])]
-    events["ops"] = [o for o in events.get("ops") or [] if inside(o[2], o[3])]
+      events["runs"] = [r for r in events["runs"] if lo <= r[1] < hi]
+    events["ops"] = [o for o in events.get("ops") or [] if lo <= o[2] < hi]
   path = Path(path)
   path.write_bytes(gzip.compress(json.dumps(events, separators=(",", ":")).encode()))
   return path

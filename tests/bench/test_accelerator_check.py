@@ -37,6 +37,7 @@ TABLE_ROWS = (
   "profile",
   "device time",
   "loading alone",
+  "synthetic device",
   "in-process",
   "batch sweep",
   "elapsed",
@@ -114,6 +115,11 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   events = profile.load_events(out / "profile_events.json.gz")
   assert events["source"] == report["bench"]["profile"]["source"]
   assert len(profile.analyze_events(events, "train_step")["steps"]) >= 1
+  # The synthetic step profiled too: its device time beside the real step's, its events saved.
+  synthetic = report["synthetic_profile"]
+  assert synthetic["device_time"]["by_class_s"]["matmul"] > 0, synthetic
+  saved = profile.analyze_events(profile.load_events(synthetic["events"]), "train_step")
+  assert len(saved["steps"]) == accelerator_check.PROFILE_STEPS
 
 
 @pytest.mark.parametrize(
