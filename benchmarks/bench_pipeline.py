@@ -5,8 +5,10 @@
 
 On one generated sample (`maxtext-netdata generate`, `--rows` rows), prepared once, prints:
 - the batch kernel's first-ever compile (a fresh process with an empty NUMBA_CACHE_DIR) and
-  its load from the on-disk cache (another fresh process), right after the builder's creation
-  and after a trainer-like start-up (JAX's import and a compile) that the load overlaps;
+  its load from the on-disk cache (another fresh process), each with the first batch's time
+  (built by the kernel's Python code while it compiles or loads), and the first batch after a
+  trainer-like start-up (JAX's import and a compile) that the load overlaps; the kernel's
+  Python code's ms per batch beside the kernel's;
 - per host batch size (rows x seq-len), in-process (grain_worker_count=0), with Grain's read
   threads (grain_num_threads=2) and without (0, the default): real (non-PAD) tokens per CPU
   second of this process from the store to global `jax.Array`s (the Grain iterator, then
@@ -44,7 +46,12 @@ import bench_e2e  # noqa: E402
 
 from maxtext_netdata import config as config_lib  # noqa: E402
 from maxtext_netdata.format import tokens as tk  # noqa: E402
-from maxtext_netdata.input_pipeline import interface, network_grain, transforms  # noqa: E402
+from maxtext_netdata.input_pipeline import (  # noqa: E402
+  batch_kernel,
+  interface,
+  network_grain,
+  transforms,
+)
 from maxtext_netdata.input_pipeline.sequences import KEYS, BatchBuilder  # noqa: E402
 
 _COMPILE_SCRIPT = """
@@ -62,12 +69,16 @@ rows = b.gather(0, 0, 8)
 t2 = time.perf_counter()
 b.build_shifted(rows)
 t3 = time.perf_counter()
-print(f"{t1 - t0:.3f} {t3 - t2:.3f}")
+from maxtext_netdata.input_pipeline import batch_kernel
+batch_kernel.wait_ready()
+t4 = time.perf_counter()
+print(f"{t1 - t0:.3f} {t3 - t2:.3f} {t4 - t2:.3f}")
 """
 
 
-def first_call(store_path: str, cache_dir: str, then: str = "") -> tuple[float, float]:
-  """(import seconds, first kernel call seconds) in a fresh process using `cache_dir`; with
+def first_call(store_path: str, cache_dir: str, then: str = "") -> tuple[float, float, float]:
+  """(import seconds, first batch seconds, seconds until the kernel is loaded or compiled)
+  in a fresh process using `cache_dir`, both from the first batch's request; with
   `then="jax"`, JAX is imported and a small function compiled between the builder's creation
   and its first batch."""
   env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir, "PYTHONPATH": ROOT}
@@ -78,7 +89,7 @@ def first_call(store_path: str, cache_dir: str, then: str = "") -> tuple[float, 
     env=env,
     check=True,
   ).stdout.split()
-  return float(out[0]), float(out[1])
+  return float(out[0]), float(out[1]), float(out[2])
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -103,10 +114,25 @@ def real_tokens(builder: BatchBuilder, rows: int, steps: range) -> int:
 def kernel_ms(builder: BatchBuilder, rows: int, batches: int) -> float:
   """ms per host batch of the kernel's pass alone (all six arrays), this thread."""
   builder.build_shifted(builder.gather(0, 0, rows))
+  batch_kernel.wait_ready()  # the machine code, not the Python code that stands in meanwhile
   start = time.process_time()
   for step in range(1, batches + 1):
     builder.build_shifted(builder.gather(step, 0, rows))
   return 1e3 * (time.process_time() - start) / batches
+
+
+def python_ms(builder: BatchBuilder, rows: int, batches: int) -> float:
+  """ms per host batch of the kernel's Python code (what builds a new machine's first
+  batches while the kernel compiles), this thread."""
+  now = batch_kernel.fill_batch_now
+  batch_kernel.fill_batch_now = lambda: batch_kernel.python_fill_batch
+  try:
+    start = time.process_time()
+    for step in range(1, batches + 1):
+      builder.build_shifted(builder.gather(step, 0, rows))
+    return 1e3 * (time.process_time() - start) / batches
+  finally:
+    batch_kernel.fill_batch_now = now
 
 
 def memcpy_ceiling(host: dict[str, np.ndarray], repeats: int = 200) -> float:
@@ -193,13 +219,15 @@ def main() -> int:
   config = config_lib.load(None, overrides)
   print(f"store: {store.num_rows} rows, {store.num_probes} probes; {os.cpu_count()} cores")
   with tempfile.TemporaryDirectory(prefix="numba_cache_") as cache:
-    import_s, compile_s = first_call(store.path, cache)
-    _, load_s = first_call(store.path, cache)
-    _, overlapped_s = first_call(store.path, cache, "jax")
+    import_s, first_s, compile_s = first_call(store.path, cache)
+    _, load_first_s, load_s = first_call(store.path, cache)
+    _, overlapped_s, _ = first_call(store.path, cache, "jax")
   print(
-    f"batch kernel: first-ever compile {compile_s:.2f} s (import {import_s:.2f} s); from the"
-    f" on-disk cache in a new process {load_s:.3f} s (first 8x{args.seq_len} batch included),"
-    f" {overlapped_s:.3f} s when JAX's import and a compile come between builder and batch"
+    f"batch kernel: first-ever compile {compile_s:.2f} s (import {import_s:.2f} s), the first"
+    f" 8x{args.seq_len} batch meanwhile by its Python code in {first_s:.3f} s; from the"
+    f" on-disk cache in a new process {load_s:.3f} s (first batch {load_first_s:.3f} s),"
+    f" first batch {overlapped_s:.3f} s when JAX's import and a compile come between builder"
+    " and batch"
   )
   sharding = bench_e2e.one_device_sharding()
   print(
@@ -217,10 +245,13 @@ def main() -> int:
         f" {r['to_global_ms']:.2f} | {ceiling / 1e6:.0f}M ({r['per_cpu_s'] / ceiling:.0%});"
         f" padding {r['padding']:.2%}"
       )
-    alone = kernel_ms(BatchBuilder.from_config(config, store, rows), rows, args.batches)
+    builder = BatchBuilder.from_config(config, store, rows)
+    alone = kernel_ms(builder, rows, args.batches)
+    python = python_ms(builder, rows, max(1, args.batches // 10))
     print(
       f"  {rows:4d} x {args.seq_len}, the kernel's pass alone: {alone:.2f} ms per batch,"
-      f" {r['real_per_batch'] / alone / 1e3:.0f}M real tokens/s per core"
+      f" {r['real_per_batch'] / alone / 1e3:.0f}M real tokens/s per core; its Python code"
+      f" (while it compiles) {python:.1f} ms per batch ({python / alone:.0f}x)"
     )
   print("2 workers, store -> global arrays:")
   for rows in (int(s) for s in args.sizes.split(",")):

@@ -498,7 +498,9 @@ _python_batches = [0]  # batches `fill_batch_now` gave to the Python code in thi
 _began = [0.0]  # when `load_in_background` was first called
 
 
-def _python_fill_batch(*args) -> None:
+def python_fill_batch(*args) -> None:
+  """`fill_batch`'s own Python code (`kernels.python_mode`), counted: the same batch, ~100x
+  slower, with no compile to wait for."""
   _python_batches[0] += 1
   _fill_batch_python(*args)
 
@@ -542,7 +544,7 @@ def fill_batch_now():
   kernel's own Python code (`kernels.python_mode`): the same batch at once, ~100x slower
   (8 x 1024 in ~10 ms, 64 x 1024 in ~0.1 s), instead of a wait of up to the compile's time."""
   if warmup.pending(_SET_UP) or warmup.pending(_WARM):
-    return _python_fill_batch
+    return python_fill_batch
   return fill_batch
 
 

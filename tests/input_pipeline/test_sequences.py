@@ -71,7 +71,7 @@ def test_kernel_matches_the_numpy_reference(store, overrides, kernel, monkeypatc
   ShiftData included; so does its Python code, which builds the batches while the kernel
   compiles on a machine's first run (`batch_kernel.fill_batch_now`)."""
   if kernel == "python":
-    monkeypatch.setattr(batch_kernel, "fill_batch_now", lambda: batch_kernel._python_fill_batch)
+    monkeypatch.setattr(batch_kernel, "fill_batch_now", lambda: batch_kernel.python_fill_batch)
   b = builder(store, global_batch_size=16, num_epoch=-1, **overrides)
   assert warmup.wait("batch kernel", timeout=300)  # then `fill_batch_now` is the kernel
   for step in (0, 1, b.steps_per_epoch + 2):
