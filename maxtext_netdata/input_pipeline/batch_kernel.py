@@ -536,6 +536,7 @@ def finish_compile() -> None:
 def wait_ready() -> None:
   """Waits until `load_in_background`'s thread has loaded or compiled the kernel (at once
   when it never started): from then on `fill_batch_now` is the machine code."""
+  warmup.wait(_SET_UP)
   warmup.wait(_WARM)
 
 
