@@ -203,39 +203,29 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-    def projection(heads: int, name: str) -> nn.DenseGeneral:
-      return nn.DenseGeneral(
-        (heads, self.head_dim),
-        use_bias=False,
-        dtype=self.dtype,
-        param_dtype=self.weight_dtype,
-        name=name,
-      )
+    def projection(features, name: str, axis=-1) -> nn.DenseGeneral:
+      return _dense(features, self.dtype, self.weight_dtype, name, axis)
 
     if self.fused_qkv:  # one [emb, 3, heads, head_dim] matmul (MaxText's `fused_qkv`)
-      qkv = nn.DenseGeneral(
-        (3, self.num_query_heads, self.head_dim),
-        use_bias=False,
-        dtype=self.dtype,
-        param_dtype=self.weight_dtype,
-        name="qkv_proj",
-      )(x)
+      qkv = projection((3, self.num_query_heads, self.head_dim), "qkv_proj")(x)
       qkv = checkpoint_name(qkv, "qkv_proj")
       query, key, value = (qkv[..., i, :, :] for i in range(3))
     else:
-      query = checkpoint_name(projection(self.num_query_heads, "query")(x), "query_proj")
-      key = checkpoint_name(projection(self.num_kv_heads, "key")(x), "key_proj")
-      value = checkpoint_name(projection(self.num_kv_heads, "value")(x), "value_proj")
+      heads = {"query": self.num_query_heads, "key": self.num_kv_heads, "value": self.num_kv_heads}
+      query, key, value = (
+        checkpoint_name(projection((n, self.head_dim), name)(x), f"{name}_proj")
+        for name, n in heads.items()
+      )
     out = attend(apply_rope(query, positions), apply_rope(key, positions), value, mask, self.kernel)
-    out = nn.DenseGeneral(
-      x.shape[-1],
-      axis=(-2, -1),
-      use_bias=False,
-      dtype=self.dtype,
-      param_dtype=self.weight_dtype,
-      name="out",
-    )(checkpoint_name(out, "context"))
+    out = projection(x.shape[-1], "out", axis=(-2, -1))(checkpoint_name(out, "context"))
     return checkpoint_name(out, "out_proj")
+
+
+def _dense(features, dtype, weight_dtype, name: str, axis=-1) -> nn.DenseGeneral:
+  """A bias-free projection (`nn.DenseGeneral`) computing in `dtype`, kept in `weight_dtype`."""
+  return nn.DenseGeneral(
+    features, axis=axis, use_bias=False, dtype=dtype, param_dtype=weight_dtype, name=name
+  )
 
 
 class Mlp(nn.Module):
@@ -254,13 +244,7 @@ class Mlp(nn.Module):
       )
 
     if self.fused:
-      both = nn.DenseGeneral(
-        (2, self.hidden_dim),
-        use_bias=False,
-        dtype=self.dtype,
-        param_dtype=self.weight_dtype,
-        name="wi",
-      )(x)
+      both = _dense((2, self.hidden_dim), self.dtype, self.weight_dtype, "wi")(x)
       both = checkpoint_name(both, "mlpwi")
       gate, up = both[..., 0, :], both[..., 1, :]
     else:
