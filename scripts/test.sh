@@ -18,17 +18,24 @@ for arg in "$@"; do
 done
 # /dev/shm entries the suite leaves behind are named with the test module they appeared in
 # (a warning: another program's entries would show up here too).
+shm_entries() {
+  local path
+  for path in /dev/shm/*; do
+    [ -e "$path" ] && echo "${path#/dev/shm/}"
+  done
+  return 0
+}
 shm_before="$(mktemp)"
-export NETDATA_SHM_LOG="$(mktemp)"
-ls /dev/shm > "$shm_before" 2>/dev/null || true
+NETDATA_SHM_LOG="$(mktemp)"
+export NETDATA_SHM_LOG
+shm_entries > "$shm_before"
 status=0
 python -m pytest -q "${args[@]}" || status=$?
-left="$(ls /dev/shm 2>/dev/null | grep -vxFf "$shm_before" || true)"
-if [ -n "$left" ]; then
-  echo "test.sh: /dev/shm entries left behind by the suite (entry, module it appeared in):" >&2
-  for entry in $left; do
-    echo "  $entry $(grep -m1 "^$entry " "$NETDATA_SHM_LOG" | cut -d' ' -f2 || true)" >&2
-  done
-fi
+while read -r entry; do
+  if ! grep -qxF "$entry" "$shm_before"; then
+    module="$(grep -m1 "^$entry " "$NETDATA_SHM_LOG" | cut -d' ' -f2 || true)"
+    echo "test.sh: /dev/shm/$entry was left behind by the suite (it appeared in: ${module:-?})" >&2
+  fi
+done < <(shm_entries)
 rm -f "$shm_before" "$NETDATA_SHM_LOG"
 exit "$status"
