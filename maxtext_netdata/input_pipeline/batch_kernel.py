@@ -20,7 +20,7 @@ thread so it overlaps the rest of start-up (store checks, JAX, the model's compi
 delaying the first batch; there a builder also calls the kernel on a batch of no rows with its
 own argument types, so that a machine's first run compiles it (~6 s, more on a busy machine)
 behind that start-up too. Until that thread is done, builders take the kernel's own Python
-code (`fill_batch_now`, `kernels.python_mode`): the same batches, ~100x slower, but at once,
+code (`fill_batch_now`, `kernels.python_mode`): the same batches, ~200-300x slower, but at once,
 so no first batch waits for the compile (`maxtext-netdata batches` on a new machine: first
 batch 8.2 s before, 1.5 s after).
 """
@@ -499,7 +499,7 @@ _began = [0.0]  # when `load_in_background` was first called
 
 
 def python_fill_batch(*args) -> None:
-  """`fill_batch`'s own Python code (`kernels.python_mode`), counted: the same batch, ~100x
+  """`fill_batch`'s own Python code (`kernels.python_mode`), counted: the same batch, ~200-300x
   slower, with no compile to wait for."""
   _python_batches[0] += 1
   _fill_batch_python(*args)
@@ -512,7 +512,7 @@ def _reporting(warm) -> None:
     compiled = sum(fill_batch.stats.cache_misses.values()) > 0
     print(
       f"batches: {_python_batches[0]} batches were built by the batch kernel's Python code"
-      f" (the same batches, ~100x slower) in the {time.perf_counter() - _began[0]:.1f} s the"
+      f" (the same batches, ~200-300x slower) in the {time.perf_counter() - _began[0]:.1f} s the"
       f" kernel took to {'compile' if compiled else 'load'}",
       file=sys.stderr,
       flush=True,
@@ -542,7 +542,7 @@ def wait_ready() -> None:
 
 def fill_batch_now():
   """`fill_batch`, or while `load_in_background`'s thread still loads or compiles it, the
-  kernel's own Python code (`kernels.python_mode`): the same batch at once, ~100x slower
+  kernel's own Python code (`kernels.python_mode`): the same batch at once, ~200-300x slower
   (8 x 1024 in ~10 ms, 64 x 1024 in ~0.1 s), instead of a wait of up to the compile's time."""
   if warmup.pending(_SET_UP) or warmup.pending(_WARM):
     return python_fill_batch

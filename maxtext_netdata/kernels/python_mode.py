@@ -10,7 +10,7 @@ Integer overflow wraps in both; numpy's warning of it is silenced, as numba has 
 kernel reached through a module attribute (`module.kernel(...)`) stays compiled.
 
 Its use: the exact uncompiled stand-in a caller takes while `kernels.warmup` compiles the
-kernel on a thread (a machine's first run), ~100x slower than the machine code but there at
+kernel on a thread (a machine's first run), ~200-300x slower than the machine code but there at
 once. Tests compare the two on the same inputs. Our own code because numba's only Python
 mode, NUMBA_DISABLE_JIT, is process-wide and read at import.
 """
