@@ -19,7 +19,7 @@ tiny model and tiny sizes. The parts, in order:
    device time beside the real one's;
 6. switch sweep: the configured batch on synthetic data with each switch of the mode (fused
    projections, the embedding by matmul, what each block keeps for the backward pass, XLA's
-   attention), the MFU of each and the
+   attention, unrolled layers), the MFU of each and the
    fastest; a switch that fails (out of memory) is recorded and the next one runs;
 7. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
    fastest switches, the MFU of each and the best; it stops at the first size that fails (out
@@ -121,6 +121,7 @@ ACCELERATOR = Sizes(
     {"remat_policy": "minimal_with_context"},
     {"remat_policy": "full"},
     {"attention": "xla"},
+    {"scan_layers": False},  # last: 20 unrolled blocks compile longest
   ),
 )
 # The configuration the check falls back to when the configured step fails: XLA's attention

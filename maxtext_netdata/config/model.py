@@ -239,6 +239,11 @@ class ConfigModel(BaseModel):
     " the attention output), full (its input only; the rest is recomputed)",
   )
 
+  scan_layers: bool = Field(
+    True,
+    description="scan one decoder block over the layers (MaxText's key); false unrolls them:"
+    " a longer compile, another parameter layout",
+  )
   use_iota_embed: bool = Field(
     False, description="embed tokens by a one-hot matmul instead of a gather (MaxText's key)"
   )

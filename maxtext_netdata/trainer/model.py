@@ -1,8 +1,8 @@
 """A MaxText-style decoder-only Transformer in flax linen.
 
 Token embedding, then `base_num_decoder_layers` blocks of RMSNorm → causal self-attention
-with RoPE → residual → RMSNorm → gated SiLU MLP → residual (scanned over layers, like
-MaxText's `scan_layers`, so compile time does not grow with depth), a final RMSNorm and an
+with RoPE → residual → RMSNorm → gated SiLU MLP → residual (scanned over layers unless
+`scan_layers` is false, as in MaxText), a final RMSNorm and an
 untied output projection. Attention is causal and confined to one packed segment: a token
 sees earlier tokens of its own `inputs_segmentation` id only, and RoPE rotates by
 `inputs_position`, which restarts at 0 per segment. Activations are in `dtype`, parameters
@@ -29,6 +29,11 @@ backward pass, by `nn.remat` with a `jax.checkpoint` policy over the names that
 everything, `minimal` the projections (query, key, value, out, MLP in and out),
 `minimal_with_context` those and the attention output, `full` only the block's input. The
 values are the same whichever; memory and step time differ.
+
+`scan_layers` (MaxText's key, default true) scans one block over the layers, so compile time
+does not grow with depth; false unrolls them (`layers_0`, `layers_1`, ...), which lets XLA
+fuse and schedule across blocks at the cost of a longer compile. The parameters are laid out
+differently (stacked or one set per layer): a checkpoint restores only under its setting.
 
 `use_iota_embed` (MaxText's key) looks the tokens up by a one-hot matmul instead of a gather:
 the same values, and a backward pass that is a matmul rather than a scatter-add of every
@@ -304,14 +309,19 @@ class Transformer(nn.Module):
     else:
       x = embed(inputs)
     mask = kernel_mask(segmentation, cfg.attention)
-    layers = nn.scan(
-      remat(DecoderLayer, cfg.remat_policy),
-      variable_axes={"params": 0},
-      split_rngs={"params": True},
-      in_axes=(nn.broadcast, nn.broadcast),
-      length=cfg.base_num_decoder_layers,
-    )(cfg, name="layers")
-    x, _ = layers(x, positions, mask)
+    block = remat(DecoderLayer, cfg.remat_policy)
+    if cfg.scan_layers:  # one scanned block, its parameters stacked on a leading layer axis
+      layers = nn.scan(
+        block,
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        in_axes=(nn.broadcast, nn.broadcast),
+        length=cfg.base_num_decoder_layers,
+      )(cfg, name="layers")
+      x, _ = layers(x, positions, mask)
+    else:  # MaxText's scan_layers=false: each block its own code and parameters
+      for i in range(cfg.base_num_decoder_layers):
+        x, _ = block(cfg, name=f"layers_{i}")(x, positions, mask)
     x = RMSNorm(dtype, weight_dtype, name="final_norm")(x)
     logits_dtype = jnp.float32 if cfg.logits_dot_in_fp32 else dtype
     return nn.Dense(

@@ -208,6 +208,7 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
     "remat_policy=minimal_with_context": 20_000.0,
     "remat_policy=full": 10_000.0,
     "attention=xla": 5_000.0,
+    "scan_layers=False": 8_000.0,
   }
 
   def fake_measure(cfg, steps, run_dir, peak, devices, dataset_type, **switches):
@@ -230,7 +231,7 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
   assert [r["switches"] for r in sweep["runs"]] == list(accelerator_check.ACCELERATOR.switches)
   assert sweep["runs"][0]["error"].startswith("RuntimeError: RESOURCE_EXHAUSTED: Out of memory")
   assert [r.get("tokens_per_s") for r in sweep["runs"]] == [
-    None, 12_000.0, 20_000.0, 10_000.0, 5_000.0
+    None, 12_000.0, 20_000.0, 10_000.0, 5_000.0, 8_000.0
   ]  # fmt: skip
   assert sweep["best"] == {"remat_policy": "minimal_with_context"} and sweep["stopped"] is None
   assert sweep["best_run"]["tokens_per_s"] == 20_000.0
