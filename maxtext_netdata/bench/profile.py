@@ -401,7 +401,7 @@ def _ops(events) -> list[list]:
 
 # What a kernel does, from its name (GPU kernels: cuDNN's flash attention `sm90_flash_*`,
 # cuBLAS's `nvjet_*` and CUTLASS GEMMs seen on an H100; on the CPU, XLA's op names: its
-# matmuls show as `ynn_fusion.N` (YNNPACK) or `dot.N`, both seen with jax 0.11).
+# matmuls show as `ynn_fusion.N` (YNNPACK) or `dot.N`, both seen with jax 0.11 and 0.12).
 KERNEL_CLASSES = (
   ("attention", re.compile(r"flash|fmha|sdpa|attention|cudnn", re.IGNORECASE)),
   ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|matmul|wgmma|ynn_fusion|\bdot", re.I)),
