@@ -243,14 +243,11 @@ class Mlp(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    def dense(features: int, name: str) -> nn.Dense:
-      return nn.Dense(
-        features, use_bias=False, dtype=self.dtype, param_dtype=self.weight_dtype, name=name
-      )
+    def dense(features, name: str) -> nn.DenseGeneral:
+      return _dense(features, self.dtype, self.weight_dtype, name)
 
     if self.fused:
-      both = _dense((2, self.hidden_dim), self.dtype, self.weight_dtype, "wi")(x)
-      both = checkpoint_name(both, "mlpwi")
+      both = checkpoint_name(dense((2, self.hidden_dim), "wi")(x), "mlpwi")
       gate, up = both[..., 0, :], both[..., 1, :]
     else:
       gate = checkpoint_name(dense(self.hidden_dim, "wi_0")(x), "mlpwi_0")

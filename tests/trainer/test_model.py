@@ -150,6 +150,32 @@ def _packed_segmentation(rng, batch: int, length: int) -> np.ndarray:
   return segmentation
 
 
+def _positions(segmentation: np.ndarray) -> np.ndarray:
+  """Positions restarting at 0 in each segment of each row, as the pipeline writes them."""
+  positions = np.zeros_like(segmentation)
+  for row in range(segmentation.shape[0]):
+    for segment in np.unique(segmentation[row]):
+      where = segmentation[row] == segment
+      positions[row, where] = np.arange(where.sum())
+  return positions
+
+
+def _packed_batch(cfg, rng, rows: int = 2) -> tuple:
+  """(inputs, positions, segmentation, targets) of `rows` packed rows of random tokens."""
+  segmentation = _packed_segmentation(rng, rows, cfg.max_target_length)
+  inputs, targets = rng.integers(11, 267, (2, rows, cfg.max_target_length)).astype(np.int32)
+  return inputs, _positions(segmentation), segmentation, targets
+
+
+def _assert_layout(cfg, params) -> None:
+  """`params` has the tree and shapes `Transformer(cfg).init` makes."""
+  ids = jnp.zeros((1, cfg.max_target_length), jnp.int32)
+  shapes = jax.eval_shape(model.Transformer(cfg).init, jax.random.key(0), ids, ids, ids)
+  assert jax.tree.map(lambda a: a.shape, params) == jax.tree.map(
+    lambda a: a.shape, shapes["params"]
+  )
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("kernel", JAX_KERNELS)
 def test_dot_product_attention_equals_the_einsum_reference_on_packed_rows(kernel, kv_heads):
@@ -177,11 +203,7 @@ def test_every_kernel_gives_the_einsum_logits(kernel):
   cfg, transformer, params = _setup("dtype=float32", "attention=einsum")
   rng = np.random.default_rng(2)
   segmentation = _packed_segmentation(rng, 3, cfg.max_target_length)
-  positions = np.zeros_like(segmentation)
-  for row in range(3):
-    for segment in set(segmentation[row].tolist()):
-      where = segmentation[row] == segment
-      positions[row, where] = np.arange(where.sum())
+  positions = _positions(segmentation)
   inputs = rng.integers(11, 267, segmentation.shape).astype(np.int32)
   reference = _logits(jax.jit(transformer.apply), params, inputs, positions, segmentation)
   other = model.Transformer(cfg.replace(attention=kernel))
@@ -227,16 +249,7 @@ def test_remat_policies_keep_less_and_recompute_the_same_gradients(capsys):
   """Every `remat_policy` gives `none`'s loss and gradients, and each keeps less for the
   backward pass than the one before it: none > minimal_with_context > minimal > full."""
   cfg, _, params = _setup("dtype=float32")
-  rng = np.random.default_rng(3)
-  length = cfg.max_target_length
-  segmentation = _packed_segmentation(rng, 2, length)
-  positions = np.zeros_like(segmentation)
-  for row in range(2):
-    for segment in np.unique(segmentation[row]):
-      where = segmentation[row] == segment
-      positions[row, where] = np.arange(where.sum())
-  inputs, targets = rng.integers(11, 267, (2, 2, length)).astype(np.int32)
-  batch = (inputs, positions, segmentation, targets)
+  batch = _packed_batch(cfg, np.random.default_rng(3))
 
   saved = []
   (want_loss, want_grads), _ = _loss_and_grads(cfg.replace(remat_policy="none"), params, batch)
@@ -268,19 +281,9 @@ def test_fused_projections_compute_the_same_function_and_keep_the_same(capsys):
   cfg, _, params = _setup("dtype=float32", "base_num_kv_heads=4", "remat_policy=minimal")
   fused_cfg = cfg.replace(fused_qkv=True, fused_mlp=True)
   fused = _fused_params(params)
-  ids = jnp.zeros((1, cfg.max_target_length), jnp.int32)
-  shapes = jax.eval_shape(model.Transformer(fused_cfg).init, jax.random.key(0), ids, ids, ids)
-  assert jax.tree.map(lambda a: a.shape, fused) == jax.tree.map(lambda a: a.shape, shapes["params"])
+  _assert_layout(fused_cfg, fused)
   assert model.num_params(fused_cfg) == sum(p.size for p in jax.tree.leaves(fused))
-  rng = np.random.default_rng(5)
-  segmentation = _packed_segmentation(rng, 2, cfg.max_target_length)
-  positions = np.zeros_like(segmentation)
-  for row in range(2):
-    for segment in np.unique(segmentation[row]):
-      where = segmentation[row] == segment
-      positions[row, where] = np.arange(where.sum())
-  inputs, targets = rng.integers(11, 267, (2, 2, cfg.max_target_length)).astype(np.int32)
-  batch = (inputs, positions, segmentation, targets)
+  batch = _packed_batch(cfg, np.random.default_rng(5))
   (want_loss, want_grads), want_fn = _loss_and_grads(cfg, params, batch)
   (loss, grads), loss_fn = _loss_and_grads(fused_cfg, fused, batch)
   np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
@@ -317,20 +320,8 @@ def test_unrolled_layers_compute_the_scanned_function():
   unrolled = {k: v for k, v in params.items() if k != "layers"}
   for i in range(cfg.base_num_decoder_layers):
     unrolled[f"layers_{i}"] = jax.tree.map(lambda a, i=i: a[i], layers)
-  ids = jnp.zeros((1, cfg.max_target_length), jnp.int32)
-  shapes = jax.eval_shape(model.Transformer(unrolled_cfg).init, jax.random.key(0), ids, ids, ids)
-  assert jax.tree.map(lambda a: a.shape, unrolled) == jax.tree.map(
-    lambda a: a.shape, shapes["params"]
-  )
-  rng = np.random.default_rng(9)
-  inputs, targets = rng.integers(11, 267, (2, 2, cfg.max_target_length)).astype(np.int32)
-  segmentation = _packed_segmentation(rng, 2, cfg.max_target_length)
-  positions = np.zeros_like(segmentation)
-  for row in range(2):
-    for segment in np.unique(segmentation[row]):
-      where = segmentation[row] == segment
-      positions[row, where] = np.arange(where.sum())
-  batch = (inputs, positions, segmentation, targets)
+  _assert_layout(unrolled_cfg, unrolled)
+  batch = _packed_batch(cfg, np.random.default_rng(9))
   (want_loss, want_grads), _ = _loss_and_grads(cfg, params, batch)
   (loss, grads), _ = _loss_and_grads(unrolled_cfg, unrolled, batch)
   np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
