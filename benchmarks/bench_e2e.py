@@ -30,7 +30,7 @@ from maxtext_netdata import config as config_lib
 from maxtext_netdata.data.prepare import prepare
 from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.format import tokens as tk
-from maxtext_netdata.input_pipeline import batch_kernel, interface, network_grain
+from maxtext_netdata.input_pipeline import batch_kernel_loading, interface, network_grain
 from maxtext_netdata.input_pipeline.sequences import KEYS, BatchBuilder
 
 
@@ -64,7 +64,7 @@ def in_process(config, store, rows: int, batches: int, sharding) -> dict:
   iterator = network_grain.make_iterator(config, builder, 0, rows, None, in_process=True)
   jax.block_until_ready(interface.to_global(next(iterator), sharding, rows))
   first_s = time.perf_counter() - start
-  batch_kernel.wait_ready()  # the timed batches by the machine code, not its Python stand-in
+  batch_kernel_loading.wait_ready()  # the timed batches by the machine code, not its Python stand-in
   wall = cpu = in_next = in_global = 0.0
   real = 0
   for _ in range(batches):

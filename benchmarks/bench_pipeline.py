@@ -47,7 +47,7 @@ import bench_e2e  # noqa: E402
 from maxtext_netdata import config as config_lib  # noqa: E402
 from maxtext_netdata.format import tokens as tk  # noqa: E402
 from maxtext_netdata.input_pipeline import (  # noqa: E402
-  batch_kernel,
+  batch_kernel_loading,
   interface,
   network_grain,
   transforms,
@@ -69,8 +69,8 @@ rows = b.gather(0, 0, 8)
 t2 = time.perf_counter()
 b.build_shifted(rows)
 t3 = time.perf_counter()
-from maxtext_netdata.input_pipeline import batch_kernel
-batch_kernel.wait_ready()
+from maxtext_netdata.input_pipeline import batch_kernel_loading
+batch_kernel_loading.wait_ready()
 t4 = time.perf_counter()
 print(f"{t1 - t0:.3f} {t3 - t2:.3f} {t4 - t2:.3f}")
 """
@@ -114,7 +114,7 @@ def real_tokens(builder: BatchBuilder, rows: int, steps: range) -> int:
 def kernel_ms(builder: BatchBuilder, rows: int, batches: int) -> float:
   """ms per host batch of the kernel's pass alone (all six arrays), this thread."""
   builder.build_shifted(builder.gather(0, 0, rows))
-  batch_kernel.wait_ready()  # the machine code, not the Python code that stands in meanwhile
+  batch_kernel_loading.wait_ready()  # the machine code, not the Python code that stands in meanwhile
   start = time.process_time()
   for step in range(1, batches + 1):
     builder.build_shifted(builder.gather(step, 0, rows))
@@ -124,15 +124,15 @@ def kernel_ms(builder: BatchBuilder, rows: int, batches: int) -> float:
 def python_ms(builder: BatchBuilder, rows: int, batches: int) -> float:
   """ms per host batch of the kernel's Python code (what builds a new machine's first
   batches while the kernel compiles), this thread."""
-  now = batch_kernel.fill_batch_now
-  batch_kernel.fill_batch_now = lambda: batch_kernel.python_fill_batch
+  now = batch_kernel_loading.fill_batch_now
+  batch_kernel_loading.fill_batch_now = lambda: batch_kernel_loading.python_fill_batch
   try:
     start = time.process_time()
     for step in range(1, batches + 1):
       builder.build_shifted(builder.gather(step, 0, rows))
     return 1e3 * (time.process_time() - start) / batches
   finally:
-    batch_kernel.fill_batch_now = now
+    batch_kernel_loading.fill_batch_now = now
 
 
 def memcpy_ceiling(host: dict[str, np.ndarray], repeats: int = 200) -> float:

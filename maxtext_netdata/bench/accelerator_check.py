@@ -66,11 +66,11 @@ from maxtext_netdata.bench.accelerator_runs import (
   Sizes,
   error_line,
   measure_training,
+  profile_synthetic,
   sweep_batch_sizes,
   sweep_switches,
   with_ratio,
 )
-from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.config import Config
 from maxtext_netdata.distributed.mesh import make_mesh
 from maxtext_netdata.input_pipeline import interface
@@ -300,7 +300,7 @@ def run(args: argparse.Namespace) -> dict:
   part("outputs", lambda: write_outputs(report["bench"], work / "bench", out), needs=("bench",))
   part(
     "synthetic_profile",
-    lambda: profile_synthetic(cfg, work, out, peak, devices),
+    lambda: profile_synthetic(cfg, work, out, peak, devices, PROFILE_STEPS),
     needs=("synthetic",),
   )
   part(
@@ -421,33 +421,6 @@ def write_outputs(bench: dict, bench_dir: Path, out: Path) -> dict:
     if trace
     else None,
     "profile_events": str(events) if events else None,
-  }
-
-
-def profile_synthetic(cfg: Config, work: Path, out: Path, peak, devices: int) -> dict:
-  """The configured step on synthetic data under the profiler: its idle share and device time
-  by kernel class, to set beside the real-data step's (bench's profile): where a step ratio
-  above 1 comes from, a busier device or an idle one. Its events (PROFILE_STEPS steps) go to
-  `out/synthetic_profile_events.json.gz`."""
-  with bench_profile.trace(work / "synthetic_profile", perfetto=False) as trace_dir:
-    run = measure_training(
-      cfg,
-      PROFILE_STEPS + 1,
-      work / "runs" / "synthetic_profile",
-      peak,
-      devices,
-      dataset_type="synthetic",
-    )
-  events = bench_profile.read_events(bench_profile.find_xplane(trace_dir))
-  analyzed = bench_profile.analyze_events(events, "train_step", WARMUP_STEPS)
-  path = out / "synthetic_profile_events.json.gz"
-  bench_profile.write_events(events, path, steps=PROFILE_STEPS)
-  return {
-    "median_step_s": run["step_time"]["median"],
-    "step_time_s": analyzed["step_time_s"],
-    "idle_share": analyzed["idle_share"],
-    "device_time": analyzed["device_time"],
-    "events": str(path),
   }
 
 

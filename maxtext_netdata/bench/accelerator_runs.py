@@ -4,6 +4,7 @@
 data wait, tokens/s and MFU of configured and real tokens, device memory. The sweeps run the
 configured model on synthetic data with each switch of `Sizes.switches`, then with each
 `per_device_batch_size` of `Sizes.batch_scales`, within the check's `Budget`.
+`profile_synthetic` runs the configured synthetic step under the profiler.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import jax
 import numpy as np
 
 from maxtext_netdata.bench import benchmark, flops
+from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.config import Config
 from maxtext_netdata.trainer import model
@@ -161,6 +163,33 @@ def sweep_switches(
     if run["tokens_per_s"] > best["tokens_per_s"]:
       best = runs[-1]
   return {"runs": runs, "best": best["switches"], "best_run": best, "stopped": stopped}
+
+
+def profile_synthetic(cfg: Config, work: Path, out: Path, peak, devices: int, steps: int) -> dict:
+  """The configured step on synthetic data under the profiler: its idle share and device time
+  by kernel class, to set beside the real-data step's (bench's profile): where a step ratio
+  above 1 comes from, a busier device or an idle one. Its events (`steps` steps) go to
+  `out/synthetic_profile_events.json.gz`."""
+  with bench_profile.trace(work / "synthetic_profile", perfetto=False) as trace_dir:
+    run = measure_training(
+      cfg,
+      steps + 1,
+      work / "runs" / "synthetic_profile",
+      peak,
+      devices,
+      dataset_type="synthetic",
+    )
+  events = bench_profile.read_events(bench_profile.find_xplane(trace_dir))
+  analyzed = bench_profile.analyze_events(events, "train_step", WARMUP_STEPS)
+  path = out / "synthetic_profile_events.json.gz"
+  bench_profile.write_events(events, path, steps=steps)
+  return {
+    "median_step_s": run["step_time"]["median"],
+    "step_time_s": analyzed["step_time_s"],
+    "idle_share": analyzed["idle_share"],
+    "device_time": analyzed["device_time"],
+    "events": str(path),
+  }
 
 
 def _sweep_run(cfg: Config, sizes: Sizes, env: dict, run_dir: Path, **overrides) -> dict:

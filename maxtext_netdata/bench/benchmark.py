@@ -31,7 +31,7 @@ from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.config import Config
 from maxtext_netdata.distributed import mesh
 from maxtext_netdata.errors import ConfigError
-from maxtext_netdata.input_pipeline import batch_kernel
+from maxtext_netdata.input_pipeline import batch_kernel_loading
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -225,7 +225,7 @@ def measure_loading(cfg: Config, device_mesh, batches: int) -> dict:
     workers=workers,
     tokens_key="inputs_segmentation",
     ran_out_hint=f" (num_epoch={cfg.num_epoch}): use fewer --batches, more data or num_epoch=-1",
-    ready=batch_kernel.wait_ready,
+    ready=batch_kernel_loading.wait_ready,
   )
 
 

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from maxtext_netdata.bench import kernel_time
+
 # Idle stretches shorter than this are noise (dispatch of the next program, thread hand-over).
 GAP_MIN_S = 0.5e-3
 GAP_MIN_SHARE = 0.05
@@ -101,7 +103,7 @@ def read_events(xplane: str | os.PathLike) -> dict:
   - `runs`: the step programs' runs `[module, start_ns, end_ns]` from an `XLA Modules` line
     (TPU), else None, and then `ops`: `[module, op, start_ns, end_ns, run_id or None,
     kernel]`, the op events carrying an `hlo_module` stat, from which `runs_of_ops` finds the
-    runs and `device_time` the kernel time by class;
+    runs and `kernel_time.device_time` the kernel time by class;
   - `python`: the dispatching thread's events `[name, start_ns, end_ns]`.
 
   Raises ValueError for a trace without a host plane or accelerator activity.
@@ -180,7 +182,8 @@ def analyze_events(
     `steps` (per step: start, seconds, idle seconds and share, gaps), `idle_share` (summary
     over steps), `gaps` (count, seconds, by cause), `host_waiting_on` (the cause holding the
     most gap time, or None without gaps), `device_time` (kernel time per step by class and
-    the heaviest kernels, `device_time`; None where the trace has no kernel names).
+    the heaviest kernels, `kernel_time.device_time`; None where the trace has no kernel
+    names).
 
   Raises:
     ValueError: the trace has fewer than two runs of the step.
@@ -246,7 +249,9 @@ def analyze_events(
       "by_cause_s": by_cause,
     },
     "host_waiting_on": max(by_cause, key=by_cause.get) if gap_list else None,
-    "device_time": device_time(events.get("ops") or [], starts[0], starts[-1], len(periods)),
+    "device_time": kernel_time.device_time(
+      events.get("ops") or [], starts[0], starts[-1], len(periods)
+    ),
   }
 
 
@@ -397,45 +402,6 @@ def _ops(events) -> list[list]:
       op = stats.get("hlo_op", e.name)
       ops.append([stats["hlo_module"], op, e.start_ns, e.end_ns, stats.get("run_id"), e.name])
   return ops
-
-
-# What a kernel does, from its name (GPU kernels: cuDNN's flash attention `sm90_flash_*`,
-# cuBLAS's `nvjet_*` and CUTLASS GEMMs seen on an H100; on the CPU, XLA's op names: its
-# matmuls show as `ynn_fusion.N` (YNNPACK) or `dot.N`, both seen with jax 0.11 and 0.12).
-KERNEL_CLASSES = (
-  ("attention", re.compile(r"flash|fmha|sdpa|attention|cudnn", re.IGNORECASE)),
-  ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|matmul|wgmma|ynn_fusion|\bdot", re.I)),
-  ("copy", re.compile(r"memcpy|memset|copy|transpose", re.IGNORECASE)),
-)
-
-
-# XLA's CPU ops that run others (a scanned loop's `while.4`): their time is their body's.
-_CONTAINER = re.compile(r"(while|conditional|call)(\.\d+)?$")
-
-
-def kernel_class(name: str) -> str:
-  """`attention`, `matmul`, `copy` or `other` (fusions of elementwise ops and reductions)."""
-  return next((label for label, pattern in KERNEL_CLASSES if pattern.search(name)), "other")
-
-
-def device_time(ops, lo: int, hi: int, periods: int, top: int = 6) -> dict | None:
-  """Kernel time per step of the op events that start in [lo, hi) (`periods` steps), by
-  `kernel_class` and for the `top` kernels; None without ops carrying kernel names (TPU
-  traces, saved events of before). Kernels on several streams can overlap, so the classes
-  may add up to more than the step."""
-  named = [o for o in ops if len(o) > 5 and lo <= o[2] < hi and not _CONTAINER.match(o[5])]
-  if not named or periods < 1:
-    return None
-  classes = dict.fromkeys((*(label for label, _ in KERNEL_CLASSES), "other"), 0)
-  kernels: Counter = Counter()
-  for _, _, start, end, _, kernel in named:
-    classes[kernel_class(kernel)] += end - start
-    kernels[kernel[:100]] += end - start
-  return {
-    "kernels_s": sum(classes.values()) / 1e9 / periods,
-    "by_class_s": {label: ns / 1e9 / periods for label, ns in classes.items()},
-    "top_kernels_s": {name: ns / 1e9 / periods for name, ns in kernels.most_common(top)},
-  }
 
 
 def runs_of_ops(ops) -> list[tuple[str, int, int]]:

@@ -15,20 +15,18 @@ batches are bit-identical to those of the numpy builder this kernel replaced.
 Compiled by numba with `cache=True`: the machine code is stored beside this file (or in
 NUMBA_CACHE_DIR) on the first call ever, so later runs and spawned Grain workers load it
 instead of compiling. Loading still sets up numba's compiler state in each new process (~0.5 s,
-most of it numba's BLAS probe importing scipy.linalg); `load_in_background` starts that on a
-thread so it overlaps the rest of start-up (store checks, JAX, the model's compile) instead of
+most of it numba's BLAS probe importing scipy.linalg); `batch_kernel_loading` starts that
+on a thread so it overlaps the rest of start-up (store checks, JAX, the model's compile) instead of
 delaying the first batch; there a builder also calls the kernel on a batch of no rows with its
 own argument types, so that a machine's first run compiles it (~6 s, more on a busy machine)
 behind that start-up too. Until that thread is done, builders take the kernel's own Python
-code (`fill_batch_now`, `kernels.python_mode`): the same batches, ~200-300x slower, but at once,
-so no first batch waits for the compile (`maxtext-netdata batches` on a new machine: first
-batch 8.2 s before, 1.5 s after).
+code: the same batches, ~200-300x slower, but at once, so no first batch waits for the
+compile (`maxtext-netdata batches` on a new machine: first batch 8.2 s before, 1.5 s after).
+Which of the two runs, and the load thread, are `batch_kernel_loading`'s.
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from typing import NamedTuple
 
 import numba
@@ -37,7 +35,7 @@ import numpy as np
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.format.tokenizer import PERMUTATIONS
 from maxtext_netdata.input_pipeline import rng
-from maxtext_netdata.kernels import kernel_cache, python_mode, warmup
+from maxtext_netdata.kernels import kernel_cache
 
 kernel_cache.install()  # the cache keyed on the token format's and rng's text too
 
@@ -469,84 +467,10 @@ def empty_output(shape: tuple[int, int]) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _loaded():
+def loaded():
+  """A kernel of nothing: its first call loads numba's compiler state, which every kernel's
+  first call needs (`batch_kernel_loading.load_in_background` makes it on a thread)."""
   return 0
-
-
-def load_in_background(warm=None) -> None:
-  """Starts (once per process) loading a cached kernel on a daemon thread: numba sets up its
-  compiler state, which every kernel's first call needs. `warm`, when given, is then called on
-  that thread: a call of `fill_batch` with a builder's own argument types (a batch of no
-  rows), so that the kernel its batches need is loaded, or on a machine's first run compiled
-  (~6-20 s), while the rest of start-up runs; that compile says so on stderr with its time
-  when it is long. Until the thread is done, `fill_batch_now` gives the kernel's Python code:
-  the first batches never wait for it."""
-  _began[0] = _began[0] or time.perf_counter()
-  steps = [(_SET_UP, _loaded, None)]
-  if warm is not None:
-    steps.append((_WARM, lambda: _reporting(warm), _NOTICE))
-  warmup.start(steps, thread_name="batch-kernel-load")
-
-
-_SET_UP, _WARM = "batch kernel set-up", "batch kernel"
-_NOTICE = (
-  "batches: compiled the batch kernel on a thread (its first use on this machine; cached for"
-  " later runs)"
-)
-_fill_batch_python = python_mode.python_function(fill_batch)
-_python_batches = [0]  # batches `fill_batch_now` gave to the Python code in this process
-_began = [0.0]  # when `load_in_background` was first called
-
-
-def python_fill_batch(*args) -> None:
-  """`fill_batch`'s own Python code (`kernels.python_mode`), counted: the same batch, ~200-300x
-  slower, with no compile to wait for."""
-  _python_batches[0] += 1
-  _fill_batch_python(*args)
-
-
-def _reporting(warm) -> None:
-  """`warm()`, then a line on stderr when batches were built by the Python code meanwhile."""
-  warm()
-  if _python_batches[0]:
-    compiled = sum(fill_batch.stats.cache_misses.values()) > 0
-    print(
-      f"batches: {_python_batches[0]} batches were built by the batch kernel's Python code"
-      f" (the same batches, ~200-300x slower) in the {time.perf_counter() - _began[0]:.1f} s the"
-      f" kernel took to {'compile' if compiled else 'load'}",
-      file=sys.stderr,
-      flush=True,
-    )
-
-
-def finish_compile() -> None:
-  """At the end of a short command (`batches`): waits for the batch kernel's compile when it
-  is still running, so that later runs load it (`warmup.finish`); a kernel that numba's
-  cache holds is only being loaded: nothing to wait for."""
-  if warmup.cached(fill_batch):
-    return
-  warmup.finish(
-    _WARM,
-    "batches: finishing the batch kernel's compile (its first use on this machine) so that"
-    " later runs use it; Ctrl-C skips it",
-    "batches: compile skipped; the next run compiles it",
-  )
-
-
-def wait_ready() -> None:
-  """Waits until `load_in_background`'s thread has loaded or compiled the kernel (at once
-  when it never started): from then on `fill_batch_now` is the machine code."""
-  warmup.wait(_SET_UP)
-  warmup.wait(_WARM)
-
-
-def fill_batch_now():
-  """`fill_batch`, or while `load_in_background`'s thread still loads or compiles it, the
-  kernel's own Python code (`kernels.python_mode`): the same batch at once, ~200-300x slower
-  (8 x 1024 in ~10 ms, 64 x 1024 in ~0.1 s), instead of a wait of up to the compile's time."""
-  if warmup.pending(_SET_UP) or warmup.pending(_WARM):
-    return python_fill_batch
-  return fill_batch
 
 
 def permutations() -> np.ndarray:

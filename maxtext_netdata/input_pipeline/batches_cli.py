@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
   import jax  # noqa: PLC0415 (keeps `--help` fast)
 
   from maxtext_netdata.data.prepare import prepare  # noqa: PLC0415
-  from maxtext_netdata.input_pipeline import batch_kernel, network_grain  # noqa: PLC0415
+  from maxtext_netdata.input_pipeline import batch_kernel_loading, network_grain  # noqa: PLC0415
   from maxtext_netdata.input_pipeline.sequences import BatchBuilder  # noqa: PLC0415
 
   if args.steps < 1 or args.start < 0:
@@ -66,5 +66,5 @@ def run(args: argparse.Namespace) -> int:
       print(f"step {step} {digest(batch)}", flush=True)
   finally:
     iterator.close()
-  batch_kernel.finish_compile()
+  batch_kernel_loading.finish_compile()
   return 0

@@ -25,7 +25,13 @@ import numpy as np
 
 from maxtext_netdata.errors import ConfigError, DataError
 from maxtext_netdata.format import tokens as tk
-from maxtext_netdata.input_pipeline import batch_kernel, buffers, epoch_plan, rng
+from maxtext_netdata.input_pipeline import (
+  batch_kernel,
+  batch_kernel_loading,
+  buffers,
+  epoch_plan,
+  rng,
+)
 
 # With packing, each row also tries this many random one-probe filler contexts of at most
 # FILLER_ROWS measurements in the space its own contexts leave: a row's own contexts stop at
@@ -112,7 +118,9 @@ class BatchBuilder:
     self._settings: dict[int, batch_kernel.Settings] = {}
     self._lock = threading.Lock()  # Grain's read threads share the builder
     self._buffers = buffers.OutputPool()  # batches' memory, reused once they are released
-    batch_kernel.load_in_background(self._warm_kernel)  # while plans, JAX and the model get ready
+    batch_kernel_loading.load_in_background(
+      self._warm_kernel
+    )  # while plans, JAX and the model get ready
 
   @classmethod
   def from_config(cls, config, store, global_batch_size: int, **overrides) -> BatchBuilder:
@@ -259,7 +267,7 @@ class BatchBuilder:
     inputs = [out[key] for key in INPUT_KEYS]
     targets = [out[key] for key in KEYS[3:]] if shifted else inputs
     try:
-      batch_kernel.fill_batch_now()(*self._kernel_args(rows, (*inputs, *targets)), shifted)
+      batch_kernel_loading.fill_batch_now()(*self._kernel_args(rows, (*inputs, *targets)), shifted)
     except ValueError as e:  # the kernel checks what it reads from the store
       raise DataError(f"{self.store.path}: {e}") from None
     return out

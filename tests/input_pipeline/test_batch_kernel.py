@@ -18,7 +18,7 @@ from tests.helpers import pipeline
 _FIRST_BATCH = """
 import hashlib, json, sys
 from maxtext_netdata.data.store.store import PreparedStore
-from maxtext_netdata.input_pipeline import batch_kernel
+from maxtext_netdata.input_pipeline import batch_kernel, batch_kernel_loading
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 from maxtext_netdata.kernels import warmup
 b = BatchBuilder(PreparedStore(sys.argv[1]), seq_len=256, global_batch_size=4, seed=0,
@@ -27,7 +27,7 @@ if sys.argv[2] == "after-load":
   warmup.wait("batch kernel")
 batch = b.build_shifted(b.gather(0, 0, 4))
 digest = hashlib.sha256(b"".join(a.tobytes() for a in batch.values())).hexdigest()
-python_batches = batch_kernel._python_batches[0]
+python_batches = batch_kernel_loading._python_batches[0]
 warmup.wait("batch kernel")
 stats = batch_kernel.fill_batch.stats
 print(json.dumps({"digest": digest, "python_batches": python_batches,
@@ -159,7 +159,7 @@ def test_outputs_are_aligned_for_jax_to_use_them_in_place(tmp_path):
 _BACKGROUND = """
 import sys, threading
 from maxtext_netdata.data.store.store import PreparedStore
-from maxtext_netdata.input_pipeline import batch_kernel
+from maxtext_netdata.input_pipeline import batch_kernel, batch_kernel_loading
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 assert "numba.np.arraymath" not in sys.modules  # importing the kernel sets up nothing yet
 b = BatchBuilder(PreparedStore(sys.argv[1]), seq_len=256, global_batch_size=4, seed=0,

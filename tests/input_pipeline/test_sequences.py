@@ -13,7 +13,7 @@ import pytest
 
 from maxtext_netdata.format import tokenizer
 from maxtext_netdata.format import tokens as tk
-from maxtext_netdata.input_pipeline import batch_kernel
+from maxtext_netdata.input_pipeline import batch_kernel_loading
 from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS, KEYS, BatchBuilder
 from maxtext_netdata.input_pipeline.transforms import shift_data
 from maxtext_netdata.kernels import warmup
@@ -69,9 +69,11 @@ def build(b: BatchBuilder, step: int, lo: int = 0, hi: int | None = None):
 def test_kernel_matches_the_numpy_reference(store, overrides, kernel, monkeypatch):
   """The compiled pass writes exactly the batch of the plain whole-batch numpy reference,
   ShiftData included; so does its Python code, which builds the batches while the kernel
-  compiles on a machine's first run (`batch_kernel.fill_batch_now`)."""
+  compiles on a machine's first run (`batch_kernel_loading.fill_batch_now`)."""
   if kernel == "python":
-    monkeypatch.setattr(batch_kernel, "fill_batch_now", lambda: batch_kernel.python_fill_batch)
+    monkeypatch.setattr(
+      batch_kernel_loading, "fill_batch_now", lambda: batch_kernel_loading.python_fill_batch
+    )
   b = builder(store, global_batch_size=16, num_epoch=-1, **overrides)
   assert warmup.wait("batch kernel", timeout=300)  # then `fill_batch_now` is the kernel
   for step in (0, 1, b.steps_per_epoch + 2):
