@@ -8,20 +8,23 @@ tiny model and tiny sizes. The parts, in order:
 2. synthetic: the configured model on `dataset_type=synthetic` (when its step fails, once
    more with `FALLBACK`, and the parts after measure that): the first step (compile included), the median step, tokens/s and MFU counting the configured token slots
    (MaxText's figure, padding included) and real tokens (the trainer's), device memory;
-3. data: generated measurements (`maxtext-netdata generate`) prepared into a store here;
-4. network: the same model on `network_grain` from that store: median step, the share of the
+3. placed: the synthetic batch again, but placed on the devices anew every step the way
+   `network_grain`'s batches are (`device_prefetch` ahead): with the network run below, it
+   tells a step ratio that comes from placing batches from one that comes from loading them;
+4. data: generated measurements (`maxtext-netdata generate`) prepared into a store here;
+5. network: the same model on `network_grain` from that store: median step, the share of the
    step spent waiting for data, the step ratio network/synthetic; then once more with each
    batch placed on the device when its step asks (`device_prefetch=0`), which measures what
    placing batches ahead is worth there;
-5. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
+6. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
    idle share and gaps, the real-data step's device time by kernel class, and loading alone
    (real tokens/s) per `grain_worker_count`; then the synthetic step under the profiler, its
    device time beside the real one's;
-6. switch sweep: the configured batch on synthetic data with each switch of the mode (fused
+7. switch sweep: the configured batch on synthetic data with each switch of the mode (fused
    projections, the embedding by matmul, what each block keeps for the backward pass, XLA's
    attention, unrolled layers), the MFU of each and the
    fastest; a switch that fails (out of memory) is recorded and the next one runs;
-7. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
+8. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
    fastest switches, the MFU of each and the best; it stops at the first size that fails (out
    of memory) and before a size whose compile would overrun the time budget.
 
@@ -65,6 +68,7 @@ from maxtext_netdata.bench.accelerator_runs import (
   Budget,
   Sizes,
   error_line,
+  measure_placed_synthetic,
   measure_training,
   profile_synthetic,
   sweep_batch_sizes,
@@ -224,6 +228,7 @@ def run(args: argparse.Namespace) -> dict:
     "environment": env,
     "model": model_figures(cfg, env["devices"]),
     "synthetic": None,
+    "synthetic_placed": None,
     "data": None,
     "network": None,
     "network_on_demand": None,
@@ -274,6 +279,14 @@ def run(args: argparse.Namespace) -> dict:
     report["fallback"] = ", ".join(f"{k}={v}" for k, v in FALLBACK.items())
     report["model"] = model_figures(cfg, devices)
     part("synthetic", synthetic)
+  part(
+    "synthetic_placed",
+    lambda: with_ratio(
+      measure_placed_synthetic(cfg, sizes.steps, work / "runs" / "synthetic_placed", peak, devices),
+      report["synthetic"],
+    ),
+    needs=("synthetic",),
+  )
   part("data", lambda: make_store(cfg, sizes.rows, work / "raw"))
   part(
     "network",

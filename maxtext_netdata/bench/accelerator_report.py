@@ -83,17 +83,22 @@ def format_table(report: dict) -> str:
         f" {data['prepare_s']:.1f} s",
       )
     )
-  for key, label in (("network", "network_grain"), ("network_on_demand", "placed on demand")):
-    network = report.get(key)
-    if network:
-      ratio = network["step_ratio_to_synthetic"]
+  runs = (
+    ("synthetic_placed", "placed each step", "placed"),
+    ("network", "network_grain", "network"),
+    ("network_on_demand", "placed on demand", "network"),
+  )
+  for key, label, name in runs:
+    run = report.get(key)
+    if run:
+      ratio = run["step_ratio_to_synthetic"]
       rows.append(
         (
           label,
-          f"median {ms(network['step_time']['median'])}, data wait"
-          f" {network['data_wait_share']:.1%} of the step, network/synthetic"
+          f"median {ms(run['step_time']['median'])}, data wait"
+          f" {run['data_wait_share']:.1%} of the step, {name}/synthetic"
           f" {'n/a' if ratio is None else f'{ratio:.3f}'},"
-          f" MFU real tokens {share(network['mfu_real_tokens'])}",
+          f" MFU real tokens {share(run['mfu_real_tokens'])}",
         )
       )
   bench = report["bench"]

@@ -4,11 +4,13 @@
 data wait, tokens/s and MFU of configured and real tokens, device memory. The sweeps run the
 configured model on synthetic data with each switch of `Sizes.switches`, then with each
 `per_device_batch_size` of `Sizes.batch_scales`, within the check's `Budget`.
-`profile_synthetic` runs the configured synthetic step under the profiler.
+`profile_synthetic` runs the configured synthetic step under the profiler;
+`measure_placed_synthetic` runs the synthetic batch placed on the devices anew every step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -21,7 +23,11 @@ from maxtext_netdata.bench import benchmark, flops
 from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.config import Config
+from maxtext_netdata.input_pipeline import interface, registry
 from maxtext_netdata.trainer import model
+
+# The dataset type of `measure_placed_synthetic`, registered for its run only.
+PLACED_SYNTHETIC = "synthetic_placed"
 
 
 class Sizes(NamedTuple):
@@ -101,6 +107,69 @@ def with_ratio(network: dict, synthetic: dict | None) -> dict:
   reference = synthetic["step_time"]["median"] if synthetic else None
   ratio = network["step_time"]["median"] / reference if reference else None
   return {**network, "step_ratio_to_synthetic": ratio}
+
+
+class _FreshCopies:
+  """A host batch iterator (as `interface.DataIterator` takes) that returns a new copy of one
+  host batch at every `next`: a new host buffer per step, as a loader hands out, with no
+  loading work behind it. The state is the number of batches returned."""
+
+  def __init__(self, batch: dict[str, np.ndarray]):
+    self._batch = batch
+    self._count = 0
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    self._count += 1
+    return {key: value.copy() for key, value in self._batch.items()}
+
+  def get_state(self) -> dict:
+    return {"count": self._count}
+
+  def set_state(self, state: dict) -> None:
+    self._count = int(state["count"])
+
+  def start_prefetch(self) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
+def placed_synthetic(config: Config, mesh) -> tuple:
+  """The `synthetic` batch placed on the devices anew every step, through `network_grain`'s
+  placement (`interface.DataIterator`, `device_prefetch` batches ahead)."""
+  local, where = interface.synthetic_host_rows(config, mesh)
+  train = interface.DataIterator(
+    _FreshCopies(local), where.sharding, where.global_rows, config.device_prefetch
+  )
+  return train, None
+
+
+@contextlib.contextmanager
+def _dataset_type(name: str, factory):
+  registry.register_dataset_type(name, factory)
+  try:
+    yield
+  finally:
+    registry.unregister_dataset_type(name)
+
+
+def measure_placed_synthetic(
+  cfg: Config, steps: int, run_dir: Path, peak_tflops: float | None, devices: int
+) -> dict:
+  """`measure_training` of the synthetic batch placed anew every step (`placed_synthetic`).
+
+  Between the synthetic step (one batch, on the devices once) and the real-data step, it
+  splits a step ratio above 1: placing a new batch every step (this run slower than the
+  synthetic one) or loading it (only the real-data run slower).
+  """
+  with _dataset_type(PLACED_SYNTHETIC, placed_synthetic):
+    return measure_training(
+      cfg, steps, run_dir, peak_tflops, devices, dataset_type=PLACED_SYNTHETIC
+    )
 
 
 def sweep_batch_sizes(

@@ -152,11 +152,18 @@ def _network_grain(config: Config, mesh: Mesh):
   return global_batches(train), None if evaluation is None else global_batches(evaluation)
 
 
+def synthetic_host_rows(config: Config, mesh: Mesh) -> tuple[dict[str, np.ndarray], HostSlice]:
+  """This process's rows of the synthetic batch, and where they go."""
+  where = host_slice(config, mesh)
+  host = synthetic.host_batch(where.global_rows, config.max_target_length, config.data_shuffle_seed)
+  return {
+    key: np.ascontiguousarray(value[where.lo : where.hi]) for key, value in host.items()
+  }, where
+
+
 def _synthetic(config: Config, mesh: Mesh):
-  size, sharding, lo, hi = host_slice(config, mesh)
-  host = synthetic.host_batch(size, config.max_target_length, config.data_shuffle_seed)
-  local = {key: np.ascontiguousarray(value[lo:hi]) for key, value in host.items()}
-  return synthetic.SyntheticIterator(to_global(local, sharding, size)), None
+  local, where = synthetic_host_rows(config, mesh)
+  return synthetic.SyntheticIterator(to_global(local, where.sharding, where.global_rows)), None
 
 
 def create_data_iterator(config: Config, mesh: Mesh):

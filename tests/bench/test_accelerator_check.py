@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from maxtext_netdata import config
@@ -23,6 +24,8 @@ from maxtext_netdata.bench import (
   profile,
 )
 from maxtext_netdata.bench import report as bench_report
+from maxtext_netdata.distributed.mesh import make_mesh
+from maxtext_netdata.input_pipeline import interface
 from tests.helpers import REPO
 
 TABLE_ROWS = (
@@ -31,6 +34,7 @@ TABLE_ROWS = (
   "kernels",
   "synthetic",
   "data",
+  "placed each step",
   "network_grain",
   "placed on demand",
   "verdict",
@@ -77,6 +81,13 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   assert synthetic["mfu"] > synthetic["mfu_real_tokens"] > 0
   assert f"MFU {synthetic['mfu']:.1%}" in table[TABLE_ROWS.index("synthetic")]
   assert table[TABLE_ROWS.index("kernels")].endswith("attention xla, remat_policy minimal")
+
+  placed = report["synthetic_placed"]  # the synthetic batch, placed anew every step
+  assert placed["real_tokens_per_step"] == synthetic["real_tokens_per_step"]
+  assert placed["step_ratio_to_synthetic"] == pytest.approx(
+    placed["step_time"]["median"] / synthetic["step_time"]["median"]
+  )
+  assert "placed/synthetic" in table[TABLE_ROWS.index("placed each step")]
 
   network = report["network"]
   assert 0 <= network["data_wait_share"] < 1
@@ -137,6 +148,26 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
 )
 def test_chip_of_device_kind(device_kind, chip):
   assert accelerators.chip_of_device_kind(device_kind) == chip
+
+
+def test_placed_synthetic_hands_out_the_synthetic_batch_anew_every_step():
+  cfg = config.load("configs/smoke.yml", ["dataset_type=synthetic", "device_prefetch=2"])
+  device_mesh = make_mesh(cfg)
+  expected, _ = interface.create_data_iterator(cfg, device_mesh)
+  expected = {key: np.asarray(value) for key, value in next(expected).items()}
+  placed, evaluation = accelerator_runs.placed_synthetic(cfg, device_mesh)
+  assert evaluation is None
+  first, second = next(placed), next(placed)
+  for batch in (first, second):
+    assert set(batch) == set(expected)
+    for key, value in expected.items():
+      np.testing.assert_array_equal(np.asarray(batch[key]), value, err_msg=key)
+  assert first["inputs"] is not second["inputs"]
+  assert placed.get_state() == {"count": 2}  # the position after the batches handed out
+  # Each step's host batch is a new buffer, as a loader's batches are.
+  host = placed.local_iterator
+  assert not np.shares_memory(next(host)["inputs"], next(host)["inputs"])
+  placed.close()
 
 
 def _configured_run(size: float, tokens_per_s: float, wall_s: float = 10.0) -> dict:
