@@ -279,32 +279,23 @@ def run(args: argparse.Namespace) -> dict:
     report["fallback"] = ", ".join(f"{k}={v}" for k, v in FALLBACK.items())
     report["model"] = model_figures(cfg, devices)
     part("synthetic", synthetic)
+
+  def against_synthetic(name: str, measure=measure_training, **overrides) -> Callable[[], dict]:
+    """The training run `name` (into runs/<name>) with its median step over the synthetic's."""
+    run_dir = work / "runs" / name
+    return lambda: with_ratio(
+      measure(cfg, sizes.steps, run_dir, peak, devices, **overrides), report["synthetic"]
+    )
+
   part(
     "synthetic_placed",
-    lambda: with_ratio(
-      measure_placed_synthetic(cfg, sizes.steps, work / "runs" / "synthetic_placed", peak, devices),
-      report["synthetic"],
-    ),
+    against_synthetic("synthetic_placed", measure_placed_synthetic),
     needs=("synthetic",),
   )
   part("data", lambda: make_store(cfg, sizes.rows, work / "raw"))
+  part("network", against_synthetic("network"), needs=("data",))
   part(
-    "network",
-    lambda: with_ratio(
-      measure_training(cfg, sizes.steps, work / "runs" / "network", peak, devices),
-      report["synthetic"],
-    ),
-    needs=("data",),
-  )
-  part(
-    "network_on_demand",
-    lambda: with_ratio(
-      measure_training(
-        cfg, sizes.steps, work / "runs" / "network_on_demand", peak, devices, device_prefetch=0
-      ),
-      report["synthetic"],
-    ),
-    needs=("data",),
+    "network_on_demand", against_synthetic("network_on_demand", device_prefetch=0), needs=("data",)
   )
   part("bench", lambda: run_bench(cfg, args, sizes, env, work / "bench"), needs=("data",))
   if report["bench"] is not None:

@@ -23,7 +23,7 @@ from maxtext_netdata.bench import benchmark, flops
 from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.config import Config
-from maxtext_netdata.input_pipeline import interface, registry
+from maxtext_netdata.input_pipeline import interface, registry, synthetic
 from maxtext_netdata.trainer import model
 
 # The dataset type of `measure_placed_synthetic`, registered for its run only.
@@ -109,32 +109,15 @@ def with_ratio(network: dict, synthetic: dict | None) -> dict:
   return {**network, "step_ratio_to_synthetic": ratio}
 
 
-class _FreshCopies:
+class _FreshCopies(synthetic.SyntheticIterator):
   """A host batch iterator (as `interface.DataIterator` takes) that returns a new copy of one
   host batch at every `next`: a new host buffer per step, as a loader hands out, with no
   loading work behind it. The state is the number of batches returned."""
 
-  def __init__(self, batch: dict[str, np.ndarray]):
-    self._batch = batch
-    self._count = 0
-
-  def __iter__(self):
-    return self
-
   def __next__(self) -> dict[str, np.ndarray]:
-    self._count += 1
-    return {key: value.copy() for key, value in self._batch.items()}
-
-  def get_state(self) -> dict:
-    return {"count": self._count}
-
-  def set_state(self, state: dict) -> None:
-    self._count = int(state["count"])
+    return {key: value.copy() for key, value in super().__next__().items()}
 
   def start_prefetch(self) -> None:
-    pass
-
-  def close(self) -> None:
     pass
 
 
