@@ -35,7 +35,7 @@ from maxtext_netdata.distributed.mesh import batch_sharding, make_mesh, replicat
 from maxtext_netdata.errors import WritesTo
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline.interface import global_batch_size
-from maxtext_netdata.trainer import checkpointing, evaluation, model
+from maxtext_netdata.trainer import checkpointing, evaluation, model, report
 from maxtext_netdata.trainer.metric_logger import MetricLogger
 
 # Records left out of the summary's timings: the first step compiles, the second one's
@@ -183,6 +183,7 @@ def _summary(config: Config, logger: MetricLogger, trainer_params: int) -> dict[
     "last_step": train_records[-1]["step"] if train_records else None,
     "mean_step_time_s": step_time / len(timed) if timed else None,
     "median_step_time_s": float(np.median([r["step_time_s"] for r in timed])) if timed else None,
+    "median_step_time_se_s": report.median_standard_error([r["step_time_s"] for r in timed]),
     "data_wait_share": sum(r["data_wait_s"] for r in timed) / step_time if timed else None,
     "real_tokens_per_s": sum(r["real_tokens"] for r in timed) / step_time if timed else None,
     "padding_share": float(np.mean([r["padding_share"] for r in timed])) if timed else None,

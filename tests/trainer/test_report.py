@@ -1,6 +1,9 @@
 """The main job's comparison of a network_grain run with its synthetic baseline."""
 
 import json
+import math
+
+import pytest
 
 from maxtext_netdata.trainer import report
 
@@ -41,3 +44,30 @@ def test_main_fails_when_the_model_does_not_beat_the_baseline(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "ratio network/synthetic: 2.000 (goal <= 1.03: MISSED)" in out
   assert "MISSED: the model must beat the baseline by 0.1 nats" in out
+
+
+def test_median_standard_error_carries_the_drift_between_blocks_of_steps():
+  assert report.median_standard_error([0.1] * 11) is None  # under two steps a block
+  assert report.median_standard_error([0.125] * 60) == 0.0
+  # A machine 10% slower for the second half: block medians 1.0, 1.0, 1.0, 1.1, 1.1, 1.1,
+  # whose standard deviation is 0.05 * sqrt(6 / 5), over sqrt(6) blocks.
+  drifting = [1.0] * 50 + [1.1] * 50
+  assert report.median_standard_error(drifting) == pytest.approx(0.05 * math.sqrt(1.2 / 6))
+
+
+@pytest.mark.parametrize(
+  ("network_step", "error", "verdict"),
+  [
+    (0.102, 0.001, "ok"),
+    (0.105, 0.0005, "MISSED"),  # 2 standard errors of the ratio: 0.015
+    (0.105, 0.002, "within this machine's noise"),  # 0.058
+  ],
+)
+def test_ratio_goal_is_missed_only_beyond_two_standard_errors(network_step, error, verdict):
+  network = _summary(network_step, 0.0, median_step_time_se_s=error)
+  synthetic = _summary(0.100, 0.0, median_step_time_se_s=error)
+  lines, _ = report.compare(network, synthetic)
+  ratio = network_step / 0.100
+  spread = 2 * ratio * math.hypot(error / network_step, error / 0.100)
+  expected = f"ratio network/synthetic: {ratio:.3f} ± {spread:.3f} (goal <= 1.03: {verdict})"
+  assert expected in "\n".join(lines)
