@@ -4,14 +4,15 @@
 # trains the same model as many steps on the synthetic dataset (no input cost) and prints:
 # step times and their ratio, data-wait share, real tokens/s, and the eval loss on RTT bytes
 # against a unigram baseline. Exit status 1 if the model does not beat that baseline.
-# Extra key=value arguments go to both training runs. Outputs: $NETDATA_RUNS (default runs/).
+# Extra key=value arguments go to both training runs. Outputs: $NETDATA_RUNS (default runs/);
+# the sample data: $NETDATA_SAMPLE (default sample_data/raw/).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 # shellcheck source=scripts/setup_env.sh
 source "$ROOT/scripts/setup_env.sh" test
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
-SAMPLE="$ROOT/sample_data/raw"
+SAMPLE="${NETDATA_SAMPLE:-$ROOT/sample_data/raw}"
 RUNS="${NETDATA_RUNS:-$ROOT/runs}"
 if [ ! -f "$SAMPLE/.complete" ]; then
   maxtext-netdata generate --out "$SAMPLE"
@@ -19,7 +20,8 @@ fi
 # Fresh runs: a leftover checkpoint would make the trainer resume instead of training.
 rm -rf "$RUNS/smoke_network" "$RUNS/smoke_synthetic"
 echo "== smoke model on the sample data (network_grain)"
-maxtext-netdata train configs/smoke.yml base_output_directory="$RUNS" run_name=smoke_network "$@"
+maxtext-netdata train configs/smoke.yml base_output_directory="$RUNS" run_name=smoke_network \
+  grain_train_files="$SAMPLE/*.parquet" "$@"
 echo "== the same model on one fixed batch (synthetic: no input cost), as many steps"
 maxtext-netdata train configs/smoke.yml base_output_directory="$RUNS" run_name=smoke_synthetic \
   dataset_type=synthetic "$@"
