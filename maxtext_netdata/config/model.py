@@ -20,6 +20,29 @@ def _positive(value: int) -> int:
   return value
 
 
+def _non_negative(value: int) -> int:
+  if value < 0:
+    raise ValueError("must be 0 or more")
+  return value
+
+
+def _auto_or_positive(value: int) -> int:
+  if value == 0 or value < -1:
+    raise ValueError("must be -1 (derived) or >= 1")
+  return value
+
+
+# format.tokens.VOCAB_SIZE (config imports nothing of format; tests/cli/test_config.py checks
+# that the two agree).
+NETDATA_VOCAB_SIZE = 268
+
+
+def _vocabulary(value: int) -> int:
+  if value < NETDATA_VOCAB_SIZE:
+    raise ValueError(f"must be at least {NETDATA_VOCAB_SIZE}, the netdata-v1 vocabulary")
+  return value
+
+
 def _worker_count(value: int) -> int:
   if value < -1:
     raise ValueError("must be -1, 0 or more")
@@ -74,6 +97,9 @@ def _empty_if_none(value: Any) -> Any:
 Text = Annotated[str, BeforeValidator(_empty_if_none)]
 Real = Annotated[float, BeforeValidator(_float_text)]
 Positive = Annotated[int, AfterValidator(_positive)]
+NonNegative = Annotated[int, AfterValidator(_non_negative)]
+AutoOrPositive = Annotated[int, AfterValidator(_auto_or_positive)]
+Vocabulary = Annotated[int, AfterValidator(_vocabulary)]
 WorkerCount = Annotated[int, AfterValidator(_worker_count)]
 Epochs = Annotated[int, AfterValidator(_epochs)]
 Fraction = Annotated[float, BeforeValidator(_float_text), AfterValidator(_fraction)]
@@ -115,7 +141,7 @@ class ConfigModel(BaseModel):
   peak_tflops_per_device: Real = Field(
     989.0, description="bf16 dense peak used for MFU (H100 SXM); set for your chip"
   )
-  jax_distributed_initialization_timeout: int = Field(
+  jax_distributed_initialization_timeout: Positive = Field(
     300, description="seconds for all hosts of a multi-host run to connect"
   )
 
@@ -136,18 +162,20 @@ class ConfigModel(BaseModel):
   grain_worker_count: WorkerCount = Field(
     0, description="Grain worker processes; 0 in-process; -1 picks from cores and memory"
   )
-  grain_per_worker_buffer_size: int = Field(2, description="batches each worker keeps ready")
-  grain_num_threads: int = Field(
+  grain_per_worker_buffer_size: Positive = Field(2, description="batches each worker keeps ready")
+  grain_num_threads: NonNegative = Field(
     0, description="read threads of to_iter_dataset (in-process prefetch); 0 builds in next()"
   )
-  grain_prefetch_buffer_size: int = Field(4, description="batches prefetched by those threads")
+  grain_prefetch_buffer_size: NonNegative = Field(
+    4, description="batches prefetched by those threads"
+  )
   device_prefetch: int = Field(
     2,
     ge=0,
     description="global batches placed on the devices ahead of the step that takes them;"
     " 0 places each when the step asks",
   )
-  grain_ram_budget_mb: int = Field(2048, description="memory the -1 worker count may use")
+  grain_ram_budget_mb: Positive = Field(2048, description="memory the -1 worker count may use")
   data_shuffle_seed: int = Field(0, description="seed of every random choice of the data pipeline")
   enable_data_shuffling: bool = Field(
     True, description="false: slots in store order (still deterministic)"
@@ -160,7 +188,7 @@ class ConfigModel(BaseModel):
   )
   max_target_length: Positive = Field(1024, description="tokens per sequence")
   per_device_batch_size: Real = Field(8.0, description="sequences per device per step")
-  global_batch_size_to_load: int = Field(
+  global_batch_size_to_load: AutoOrPositive = Field(
     -1, description="sequences per step over all hosts; -1: per_device_batch_size x devices"
   )
   data_sharding: Names = Field(
@@ -195,7 +223,7 @@ class ConfigModel(BaseModel):
   network_prepare_memory_mb: int = Field(
     1024, ge=256, description="memory prepare may use, whatever the row count (sets its buckets)"
   )
-  network_remote_retries: int = Field(
+  network_remote_retries: NonNegative = Field(
     5,
     description="S3: the SDK's attempts per request (AWS standard retry strategy, its own"
     " backoff); GCS: sizes the retry window with network_remote_backoff_s",
@@ -212,15 +240,15 @@ class ConfigModel(BaseModel):
     "", description="S3 region; empty: AWS_REGION / AWS_DEFAULT_REGION"
   )
 
-  vocab_size: int = Field(268, description="netdata-v1 vocabulary (a model may round it up)")
-  base_emb_dim: int = Field(640, description="model width")
-  base_num_query_heads: int = Field(10, description="attention heads")
-  base_num_kv_heads: int = Field(
+  vocab_size: Vocabulary = Field(268, description="netdata-v1 vocabulary (a model may round it up)")
+  base_emb_dim: Positive = Field(640, description="model width")
+  base_num_query_heads: Positive = Field(10, description="attention heads")
+  base_num_kv_heads: Positive = Field(
     10, description="key/value heads (grouped-query attention when fewer)"
   )
-  head_dim: int = Field(64, description="width of one head")
-  base_mlp_dim: int = Field(2048, description="MLP hidden width")
-  base_num_decoder_layers: int = Field(20, description="decoder blocks")
+  head_dim: Positive = Field(64, description="width of one head")
+  base_mlp_dim: Positive = Field(2048, description="MLP hidden width")
+  base_num_decoder_layers: Positive = Field(20, description="decoder blocks")
   dtype: Literal["bfloat16", "float32", "float16"] = Field(
     "bfloat16", description="activation dtype"
   )
@@ -263,7 +291,7 @@ class ConfigModel(BaseModel):
   cosine_learning_rate_final_fraction: Real = Field(
     0.1, description="final learning rate as a fraction of the peak"
   )
-  learning_rate_schedule_steps: int = Field(
+  learning_rate_schedule_steps: AutoOrPositive = Field(
     -1, description="steps the warmup + cosine schedule spans; -1: steps"
   )
   adam_b1: Real = Field(0.9, description="AdamW beta1")

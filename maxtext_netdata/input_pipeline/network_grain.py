@@ -241,9 +241,10 @@ def _worker_death(error: BaseException) -> str | None:
 class HostBatchIterator:
   """This process's host batches from a data position on; its state is that position.
 
-  `get_state()` is `{"format": POSITION_FORMAT, "step": next global step, ...identity}`, the
-  same on every process; `set_state()` checks the identity (a one-line `PositionError` naming
-  what differs) and rebuilds the Grain graph at that step, so workers, threads and processes
+  `get_state()` is `{"format": POSITION_FORMAT, "step": next global step, ...identity,
+  ...settings}`, the same on every process; `set_state()` checks the identity and the settings
+  that shape the batches (packing, field order, mode weights, shuffling), a one-line
+  `PositionError` naming what differs, and rebuilds the Grain graph at that step, so workers, threads and processes
   may differ from the run that saved it. Nothing is read before `start_prefetch()` or the
   first `next` (Grain 0.2.18 starts worker processes at the first `next`), so a restore throws
   no prefetched batch away. A worker that
@@ -271,6 +272,14 @@ class HostBatchIterator:
       "global_batch_size": builder.global_batch_size,
       "max_target_length": builder.seq_len,
       "split": split,
+    }
+    # The other settings that change the batches. Positions saved before they were recorded
+    # lack them and are checked on the identity alone.
+    self.settings = {
+      "packing": config.packing,
+      "network_field_order": config.network_field_order,
+      "network_mode_weights": [float(w) for w in config.network_mode_weights],
+      "enable_data_shuffling": config.enable_data_shuffling,
     }
     self._iterator = None
 
@@ -303,7 +312,7 @@ class HostBatchIterator:
     return batch
 
   def get_state(self) -> dict:
-    return {"format": POSITION_FORMAT, "step": self.step, **self.identity}
+    return {"format": POSITION_FORMAT, "step": self.step, **self.identity, **self.settings}
 
   def set_state(self, state: dict) -> None:
     if not isinstance(state, dict) or state.get("format") != POSITION_FORMAT:
@@ -312,9 +321,10 @@ class HostBatchIterator:
         f"iterator state is not a {POSITION_FORMAT} data position (found {found!r}): it was"
         " saved by another version of the pipeline"
       )
+    checked = {**self.identity, **{k: v for k, v in self.settings.items() if k in state}}
     differs = [
       f"{key} {state.get(key)!r} saved, {value!r} now"
-      for key, value in self.identity.items()
+      for key, value in checked.items()
       if state.get(key) != value
     ]
     if differs:

@@ -8,7 +8,9 @@ import pytest
 import yaml
 
 from maxtext_netdata import config
+from maxtext_netdata.config import model as config_model
 from maxtext_netdata.errors import ConfigError
+from maxtext_netdata.format import tokens as tk
 
 
 def _write(path, values):
@@ -78,12 +80,28 @@ def test_override_values(override, key, expected):
     ("network_mode_weights=[1, 2]", "network_mode_weights"),
     ("num_epoch=0", "num_epoch=0 must be -1"),
     ("grain_worker_count=-2", "grain_worker_count=-2"),
+    # Values Grain or the model would fail on later with a traceback, or train on as NaN.
+    ("vocab_size=100", "vocab_size=100 must be at least 268, the netdata-v1 vocabulary"),
+    ("grain_num_threads=-1", "grain_num_threads=-1 must be 0 or more"),
+    ("grain_prefetch_buffer_size=-1", "grain_prefetch_buffer_size=-1 must be 0 or more"),
+    ("grain_per_worker_buffer_size=0", "grain_per_worker_buffer_size=0 must be positive"),
+    ("global_batch_size_to_load=0", "global_batch_size_to_load=0 must be -1 (derived) or >= 1"),
+    ("global_batch_size_to_load=-5", "global_batch_size_to_load=-5 must be -1"),
+    ("learning_rate_schedule_steps=0", "learning_rate_schedule_steps=0 must be -1"),
+    ("base_emb_dim=0", "base_emb_dim=0 must be positive"),
+    ("base_num_decoder_layers=-1", "base_num_decoder_layers=-1 must be positive"),
   ],
 )
 def test_override_errors(override, message):
   with pytest.raises(ConfigError) as error:
     config.load(None, [override])
   assert message in str(error.value)
+  assert "\n" not in str(error.value)  # one line
+
+
+def test_smallest_vocabulary_is_the_token_formats():
+  assert config_model.NETDATA_VOCAB_SIZE == tk.VOCAB_SIZE
+  assert config.load(None, [f"vocab_size={tk.VOCAB_SIZE}"]).vocab_size == tk.VOCAB_SIZE
 
 
 def test_unknown_key_in_file_names_file_and_suggests(tmp_path):

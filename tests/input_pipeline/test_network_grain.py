@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -175,6 +176,30 @@ def test_position_of_other_data_is_a_one_line_error(store):
     positioned(config, builder, split="eval").set_state(state)
   with pytest.raises(network_grain.PositionError, match="not a netdata-position-1"):
     positioned(config, builder).set_state({"next_index": 3})
+
+
+@pytest.mark.parametrize(
+  ("override", "message"),
+  [
+    ("packing=false", "packing True saved, False now"),
+    ("network_field_order=fixed", "network_field_order 'random' saved, 'fixed' now"),
+    ("network_mode_weights=[1, 0, 0]", "network_mode_weights [0.4, 0.3, 0.3] saved, [1.0, 0.0"),
+    ("enable_data_shuffling=false", "enable_data_shuffling True saved, False now"),
+  ],
+)
+def test_position_under_other_batch_settings_is_refused(store, override, message):
+  """Each of these settings changes the batches after the position: a resume under another
+  value would go on with a different stream, not the batches that come next."""
+  config, builder = make(store, "grain_worker_count=0")
+  state = positioned(config, builder).get_state()
+  other_config, other_builder = make(store, "grain_worker_count=0", override)
+  with pytest.raises(network_grain.PositionError, match=re.escape(message)):
+    positioned(other_config, other_builder).set_state(state)
+  # A position saved before these settings were recorded is checked on its identity alone.
+  older = {
+    key: value for key, value in state.items() if key not in positioned(config, builder).settings
+  }
+  positioned(other_config, other_builder).set_state(older)
 
 
 @pytest.mark.slow
