@@ -88,6 +88,8 @@ def prepare(config, *, progress: bool = True, force: bool = False, runner=None) 
   options = remote.StorageOptions.from_config(config)
   train_files = remote.expand_all(config.grain_train_files, options)
   eval_files = remote.expand_all(config.grain_eval_files, options)
+  if eval_files:  # the eval files are the eval split: every row of the train files trains
+    config = config.replace(network_test_fraction=0.0)
   fp = fingerprint(config, train_files, eval_files)
   shared = config.prepared_dir if remote.is_remote(config.prepared_dir) else ""
   local_dir = remote_copy.cache_dir(config) if shared else config.prepared_dir
