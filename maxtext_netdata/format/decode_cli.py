@@ -48,8 +48,9 @@ def run(args) -> int:
         if not line.strip():
           continue
         where = f"{name}: line {number}"
+        tokens = _token_list(line, where)  # its errors name the line already
         try:
-          measurements = tokenizer.decode(_token_list(line, where))
+          measurements = tokenizer.decode(tokens)
         except ValueError as e:
           raise DataError(f"{where}: {e}") from None
         for measurement in measurements:

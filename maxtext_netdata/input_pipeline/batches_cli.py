@@ -66,5 +66,6 @@ def run(args: argparse.Namespace) -> int:
       print(f"step {step} {digest(batch)}", flush=True)
   finally:
     iterator.close()
+    network_grain.release_shared_memory()
   batch_kernel_loading.finish_compile()
   return 0

@@ -69,10 +69,25 @@ def shift_data(
 
 
 class ShiftData(grain.transforms.Map):
-  """`shift_data` as a Grain map transformation, its targets in reused buffers."""
+  """`shift_data` as a Grain map transformation, in reused buffers, after `mp_prefetch`.
+
+  Worker processes hand each batch over in /dev/shm blocks (Grain's `SharedMemoryArray`),
+  which Grain unlinks when their array is garbage, on a thread of its own. The inputs are
+  copied into our buffers here (~0.1 ms for 32 x 1024), so a batch's blocks are released as
+  it arrives: a batch the consumer still held when the process exited would otherwise leave
+  its blocks to Python's resource tracker ("leaked shared_memory objects" at exit).
+  """
 
   def __init__(self):
     self._buffers = buffers.OutputPool()
+    self._inputs = buffers.OutputPool()
 
   def map(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return shift_data(element, self._buffers)
+    if _kernel_shapes(element):
+      owned = dict(zip(INPUT_KEYS, self._inputs.take(element["inputs"].shape, 3), strict=True))
+      for key in INPUT_KEYS:
+        np.copyto(owned[key], element[key])
+    else:
+      owned = {key: np.array(value) for key, value in element.items()}
+    del element  # the last reference to its /dev/shm blocks: Grain unlinks them now
+    return shift_data(owned, self._buffers)
