@@ -27,6 +27,7 @@ that step.
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import re
 import signal
@@ -48,6 +49,8 @@ from maxtext_netdata.input_pipeline.transforms import ShiftData
 _WORKER_BASE_MB = 160
 
 POSITION_FORMAT = "netdata-position-1"
+# The longest `release_shared_memory` waits for Grain's unlinks (each takes microseconds).
+RELEASE_WAIT_S = 5.0
 
 # Grain 0.2.18's error when a worker process ends without handing over its result.
 _GRAIN_WORKER_DIED = re.compile(
@@ -181,10 +184,16 @@ def release_shared_memory() -> None:
   leaves the last ones to Python's resource tracker, which unlinks them with a "leaked
   shared_memory objects" warning. A task queued behind them on that pool returns when they
   are done. The pool is Grain's private attribute: without it there is nothing to wait for.
+  The wait is bounded (`RELEASE_WAIT_S`): a pool whose thread is gone (interpreter shutdown)
+  must not hang the caller.
   """
   pool = getattr(grain_multiprocessing.SharedMemoryArray, "_del_thread_pool", None)
-  if pool is not None:
-    pool.apply(tuple)
+  if pool is None:
+    return
+  try:
+    pool.apply_async(tuple).get(timeout=RELEASE_WAIT_S)
+  except (multiprocessing.TimeoutError, ValueError):  # ValueError: the pool is closed
+    pass
 
 
 def ignore_interrupt(worker_index: int, worker_count: int) -> None:
