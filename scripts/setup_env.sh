@@ -1,55 +1,76 @@
 #!/usr/bin/env bash
-# Creates .venv with Python 3.12 and installs the project through constraints.txt.
-# Idempotent: installs only when setup.py or constraints.txt change, or an extra is missing.
+# Creates .venv with Python 3.12 and installs the project through constraints.txt, then puts
+# .venv/bin first on PATH. Idempotent: installs only when setup.py or constraints.txt change,
+# or an extra is missing.
 # Usage: source scripts/setup_env.sh [EXTRAS]   (EXTRAS default: test; "" for none)
-set -euo pipefail
+# The work runs in a subshell with errexit: sourced into an interactive shell, it leaves that
+# shell's options as they were and returns non-zero on failure instead of closing the shell.
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-EXTRAS="${1-test}"
-VENV="${NETDATA_VENV:-$ROOT/.venv}"
+_netdata_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_netdata_venv="${NETDATA_VENV:-$_netdata_root/.venv}"
 
-find_python() {
-  local candidate
-  for candidate in "${PYTHON:-}" python3.12 "$HOME/.pyenv/versions/"3.12*/bin/python3.12 \
-    /usr/bin/python3.12 /usr/local/bin/python3.12; do
-    [ -n "$candidate" ] || continue
-    if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
-      echo "$candidate"
-      return 0
-    fi
+_netdata_setup() (
+  set -euo pipefail
+  local_root="$1"
+  wanted="$2"
+  venv="$3"
+
+  find_python() {
+    local candidate
+    for candidate in "${PYTHON:-}" python3.12 "$HOME/.pyenv/versions/"3.12*/bin/python3.12 \
+      /usr/bin/python3.12 /usr/local/bin/python3.12; do
+      [ -n "$candidate" ] || continue
+      if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
+        echo "$candidate"
+        return 0
+      fi
+    done
+    return 1
+  }
+
+  if [ ! -x "$venv/bin/python" ]; then
+    PY="$(find_python)" || { echo "setup_env: python3.12 not found (set PYTHON=/path/to/python3.12)" >&2; exit 1; }
+    echo "setup_env: creating $venv with $PY" >&2
+    "$PY" -m venv "$venv"
+  fi
+
+  # The stamp holds a hash of setup.py and constraints.txt, then one installed extra per line:
+  # asking for extras already installed (run.sh's after test.sh's) installs nothing.
+  stamp="$venv/.netdata-installed"
+  want_hash="$(cat "$local_root/setup.py" "$local_root/constraints.txt" | sha256sum | cut -c1-16)"
+  installed=""
+  if [ "$(head -n 1 "$stamp" 2>/dev/null)" = "$want_hash" ]; then
+    installed="$(tail -n +2 "$stamp")"
+  else
+    rm -f "$stamp"
+  fi
+  extras="$installed"
+  for extra in ${wanted//,/ }; do
+    grep -qx -- "$extra" <<<"$installed" || extras="$(printf '%s\n%s' "$extras" "$extra")"
   done
-  return 1
-}
+  extras="$(sed '/^$/d' <<<"$extras")"
+  if [ ! -f "$stamp" ] || [ "$extras" != "$installed" ]; then
+    joined="$(paste -sd, - <<<"$extras")"
+    echo "setup_env: installing maxtext_netdata${joined:+[$joined]} (pinned by constraints.txt)" >&2
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+      -c "$local_root/constraints.txt" -e "${local_root}${joined:+[${joined}]}" >&2
+    printf '%s\n%s\n' "$want_hash" "$extras" | sed '/^$/d' >"$stamp"
+  fi
+)
 
-if [ ! -x "$VENV/bin/python" ]; then
-  PY="$(find_python)" || { echo "setup_env: python3.12 not found (set PYTHON=/path/to/python3.12)" >&2; exit 1; }
-  echo "setup_env: creating $VENV with $PY" >&2
-  "$PY" -m venv "$VENV"
+# Not in a condition: bash ignores errexit inside a function called from one.
+_netdata_setup "$_netdata_root" "${1-test}" "$_netdata_venv"
+_netdata_status=$?
+if [ "$_netdata_status" -eq 0 ]; then
+  export PATH="$_netdata_venv/bin:$PATH"
+  export VIRTUAL_ENV="$_netdata_venv"
 fi
-
-# The stamp holds a hash of setup.py and constraints.txt, then one installed extra per line:
-# asking for extras already installed (run.sh's after test.sh's) installs nothing.
-stamp="$VENV/.netdata-installed"
-want_hash="$(cat "$ROOT/setup.py" "$ROOT/constraints.txt" | sha256sum | cut -c1-16)"
-installed=""
-if [ "$(head -n 1 "$stamp" 2>/dev/null)" = "$want_hash" ]; then
-  installed="$(tail -n +2 "$stamp")"
-else
-  rm -f "$stamp"
+unset -f _netdata_setup
+unset _netdata_root _netdata_venv
+if [ "$_netdata_status" -ne 0 ]; then
+  unset _netdata_status
+  # shellcheck disable=SC2317  # exit: when the script is run, not sourced
+  return 1 2>/dev/null || exit 1
 fi
-extras="$installed"
-for extra in ${EXTRAS//,/ }; do
-  grep -qx -- "$extra" <<<"$installed" || extras="$(printf '%s\n%s' "$extras" "$extra")"
-done
-extras="$(sed '/^$/d' <<<"$extras")"
-if [ ! -f "$stamp" ] || [ "$extras" != "$installed" ]; then
-  joined="$(paste -sd, - <<<"$extras")"
-  echo "setup_env: installing maxtext_netdata${joined:+[$joined]} (pinned by constraints.txt)" >&2
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    -c "$ROOT/constraints.txt" -e "${ROOT}${joined:+[${joined}]}" >&2
-  printf '%s\n%s\n' "$want_hash" "$extras" | sed '/^$/d' >"$stamp"
-fi
-
-export PATH="$VENV/bin:$PATH"
-export VIRTUAL_ENV="$VENV"
+unset _netdata_status

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -135,10 +136,13 @@ def test_bad_environment_is_a_clear_error(env, message):
 
 
 def test_timeout_must_be_positive():
-  cfg = config.load(None, ["jax_distributed_initialization_timeout=0"])
+  with pytest.raises(ConfigError, match="jax_distributed_initialization_timeout=0 must be"):
+    config.load(None, ["jax_distributed_initialization_timeout=0"])
+  # A config from elsewhere (MaxText's, through the plugin) is checked at start-up too.
+  other = types.SimpleNamespace(jax_distributed_initialization_timeout=0)
   env = {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1", "JAX_COORDINATOR_ADDRESS": "h:1"}
   with pytest.raises(ConfigError, match="jax_distributed_initialization_timeout=0"):
-    multihost.initialize_distributed(cfg, env=env)
+    multihost.initialize_distributed(other, env=env)
 
 
 # --- rows per process ---------------------------------------------------------------------
