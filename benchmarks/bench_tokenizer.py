@@ -23,13 +23,11 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-
-import reference_tokenizer  # noqa: E402
 
 from maxtext_netdata.data.raw import addresses, reader  # noqa: E402
 from maxtext_netdata.data.synthetic.generate import generate  # noqa: E402
 from maxtext_netdata.format import tokenizer  # noqa: E402
+from tests.helpers import reference_tokenizer  # noqa: E402
 
 TOKENS_PER_SEQUENCE = 1024
 
