@@ -13,6 +13,8 @@ import argparse
 import os
 import sys
 
+import yaml
+
 from maxtext_netdata.config import configs_dir
 from maxtext_netdata.errors import UserError
 from maxtext_netdata.maxtext import plugin as maxtext_plugin
@@ -34,17 +36,34 @@ def resolve_config(name: str) -> str:
   raise UserError(f"MaxText config not found: {name}")
 
 
+def absolute_output_directory(path: str, overrides: list[str]) -> list[str]:
+  """`overrides` with a local, relative `base_output_directory` (given there, else in the YAML
+  at `path` itself) made absolute against the working directory: Orbax refuses a relative
+  checkpoint path, and MaxText would fail at its first checkpoint with a traceback."""
+  key = "base_output_directory="
+  given = [o for o in overrides if o.startswith(key)]
+  if given:
+    value = given[-1].removeprefix(key)
+  else:
+    with open(path, encoding="utf-8") as f:
+      value = (yaml.safe_load(f) or {}).get("base_output_directory")
+  if not isinstance(value, str) or not value or "://" in value or os.path.isabs(value):
+    return overrides
+  return [*overrides, key + os.path.abspath(value)]
+
+
 def run(args: argparse.Namespace) -> int:
   """Runs MaxText's trainer; returns its exit status (2 for a config MaxText rejects)."""
   path = resolve_config(args.config)
   if not path.endswith(".yml"):
     raise UserError(f"{path}: MaxText reads its config only from a .yml file")
+  overrides = absolute_output_directory(path, args.overrides)
   maxtext_plugin.install()
   from absl import app  # noqa: PLC0415
   from maxtext.trainers.pre_train import train  # noqa: PLC0415
 
   try:
-    app.run(train.main, argv=["maxtext-train", path, *args.overrides])
+    app.run(train.main, argv=["maxtext-train", path, *overrides])
   except SystemExit as e:  # absl's app.run always exits; report its status instead
     if e.code is None or isinstance(e.code, int):
       return e.code or 0
