@@ -397,8 +397,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-  """MaxText's entry: `main(["prog", CONFIG, "key=value", ...])` → the run's summary."""
-  summary = train(initialize(list(sys.argv if argv is None else argv)))
+  """MaxText's entry: `main(["prog", CONFIG, "key=value", ...])` → the run's summary.
+
+  `-h`/`--help` prints `maxtext-netdata train`'s help and exits 0.
+  """
+  argv = list(sys.argv if argv is None else argv)
+  if any(arg in ("-h", "--help") for arg in argv[1:]):
+    from maxtext_netdata import cli  # noqa: PLC0415 (cli imports this module)
+
+    sys.exit(cli.main(["train", "--help"]))
+  summary = train(initialize(argv))
   print("train summary: " + json.dumps(summary, indent=2))
   return summary
 

@@ -22,3 +22,12 @@ def test_commands_without_overrides_reject_key_value(capsys, tmp_path):
   with pytest.raises(SystemExit):
     cli.main(["generate", "--out", str(tmp_path), "rows=5"])
   assert "unrecognized arguments: rows=5" in capsys.readouterr().err
+
+
+def test_trainer_module_entry_point_prints_the_train_help(capsys):
+  from maxtext_netdata.trainer import train  # noqa: PLC0415
+
+  with pytest.raises(SystemExit) as ended:
+    train.main(["python -m maxtext_netdata.trainer.train", "--help"])
+  assert ended.value.code == 0
+  assert capsys.readouterr().out.startswith("usage: maxtext-netdata train")
