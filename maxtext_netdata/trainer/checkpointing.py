@@ -249,10 +249,21 @@ class _FailureEchoes:
     self._previous_hook = sys.unraisablehook
     sys.unraisablehook = self._hold_unraisable
 
+  def _from_orbax(self, record: logging.LogRecord) -> bool:
+    """Logged by Orbax, naming it, or carrying an exception raised in it (asyncio's
+    "_GatheringFuture exception was never retrieved" names only the exception)."""
+    if record.pathname.startswith(self._orbax_dir) or self._orbax_dir in record.getMessage():
+      return True
+    error = record.exc_info[1] if record.exc_info else None
+    frame = error.__traceback__ if error is not None else None
+    while frame is not None:
+      if frame.tb_frame.f_code.co_filename.startswith(self._orbax_dir):
+        return True
+      frame = frame.tb_next
+    return False
+
   def _hold_record(self, record: logging.LogRecord) -> bool:
-    echo = record.levelno >= logging.ERROR and (
-      record.pathname.startswith(self._orbax_dir) or self._orbax_dir in record.getMessage()
-    )
+    echo = record.levelno >= logging.ERROR and self._from_orbax(record)
     if echo and not self._dropping:
       self._records.append(record)
     return not echo
