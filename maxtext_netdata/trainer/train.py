@@ -403,9 +403,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   """
   argv = list(sys.argv if argv is None else argv)
   if any(arg in ("-h", "--help") for arg in argv[1:]):
-    from maxtext_netdata import cli  # noqa: PLC0415 (cli imports this module)
-
-    sys.exit(cli.main(["train", "--help"]))
+    parser = argparse.ArgumentParser(
+      prog="maxtext-netdata train", description="train a model (MaxText-style trainer)"
+    )
+    add_arguments(parser)
+    parser.parse_args(["--help"])  # prints the help and exits 0
   summary = train(initialize(argv))
   print("train summary: " + json.dumps(summary, indent=2))
   return summary
