@@ -15,13 +15,16 @@ tiny model and tiny sizes. The parts, in order:
 5. network: the same model on `network_grain` from that store: median step, the share of the
    step spent waiting for data, the step ratio network/synthetic; then once more with each
    batch placed on the device when its step asks (`device_prefetch=0`), which measures what
-   placing batches ahead is worth there;
+   placing batches ahead is worth there; then one real batch placed once and handed out at
+   every step (`real batch fixed`), as the synthetic batch is: what the real data's values
+   cost the device, and the same with the other embedding lookup (`use_iota_embed` flipped:
+   the gradient a scatter-add, whose time depends on the tokens, or a matmul);
 6. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
    idle share and gaps, the real-data step's device time by kernel class, and loading alone
    (real tokens/s) per `grain_worker_count`; then the synthetic step under the profiler, its
    device time beside the real one's;
 7. switch sweep: the configured batch on synthetic data with each switch of the mode (fused
-   projections, the embedding by matmul, what each block keeps for the backward pass, XLA's
+   projections, what each block keeps for the backward pass, XLA's
    attention, unrolled layers), the MFU of each and the
    fastest; a switch that fails (out of memory) is recorded and the next one runs;
 8. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
@@ -68,6 +71,7 @@ from maxtext_netdata.bench.accelerator_runs import (
   Budget,
   Sizes,
   error_line,
+  measure_fixed_network,
   measure_placed_synthetic,
   measure_training,
   profile_synthetic,
@@ -119,9 +123,10 @@ ACCELERATOR = Sizes(
   overrides=(),
   # Fused projections first: fewer, larger matmuls, the candidate for more MFU at this width.
   # remat_policy none was the slowest policy on the H100 (docs/performance.md): not rerun.
+  # use_iota_embed is measured on a real batch (network_fixed_embed): on the synthetic batch's
+  # uniform tokens the scatter-add it replaces costs next to nothing.
   switches=(
     {"fused_qkv": True, "fused_mlp": True},
-    {"use_iota_embed": True},
     {"remat_policy": "minimal_with_context"},
     {"remat_policy": "full"},
     {"attention": "xla"},
@@ -232,6 +237,8 @@ def run(args: argparse.Namespace) -> dict:
     "data": None,
     "network": None,
     "network_on_demand": None,
+    "network_fixed": None,
+    "network_fixed_embed": None,
     "bench": None,
     "loading": None,
     "loading_threads": None,
@@ -296,6 +303,14 @@ def run(args: argparse.Namespace) -> dict:
   part("network", against_synthetic("network"), needs=("data",))
   part(
     "network_on_demand", against_synthetic("network_on_demand", device_prefetch=0), needs=("data",)
+  )
+  part("network_fixed", against_synthetic("network_fixed", measure_fixed_network), needs=("data",))
+  part(
+    "network_fixed_embed",
+    against_synthetic(
+      "network_fixed_embed", measure_fixed_network, use_iota_embed=not cfg.use_iota_embed
+    ),
+    needs=("data",),
   )
   part("bench", lambda: run_bench(cfg, args, sizes, env, work / "bench"), needs=("data",))
   if report["bench"] is not None:

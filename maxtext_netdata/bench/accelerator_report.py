@@ -87,10 +87,13 @@ def format_table(report: dict) -> str:
     ("synthetic_placed", "placed each step", "placed"),
     ("network", "network_grain", "network"),
     ("network_on_demand", "placed on demand", "network"),
+    ("network_fixed", "real batch fixed", "fixed"),
+    ("network_fixed_embed", "fixed, {} embed", "fixed"),
   )
   for key, label, name in runs:
     run = report.get(key)
     if run:
+      label = label.format("iota" if run.get("use_iota_embed") else "gather")
       ratio = run["step_ratio_to_synthetic"]
       rows.append(
         (

@@ -5,7 +5,8 @@ data wait, tokens/s and MFU of configured and real tokens, device memory. The sw
 configured model on synthetic data with each switch of `Sizes.switches`, then with each
 `per_device_batch_size` of `Sizes.batch_scales`, within the check's `Budget`.
 `profile_synthetic` runs the configured synthetic step under the profiler;
-`measure_placed_synthetic` runs the synthetic batch placed on the devices anew every step.
+`measure_placed_synthetic` runs the synthetic batch placed on the devices anew every step,
+`measure_fixed_network` one real batch placed once and handed out at every step.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from maxtext_netdata.config import Config
 from maxtext_netdata.input_pipeline import interface, registry, synthetic
 from maxtext_netdata.trainer import model
 
-# The dataset type of `measure_placed_synthetic`, registered for its run only.
+# The dataset types of `measure_placed_synthetic` and `measure_fixed_network`, each registered
+# for its run only.
 PLACED_SYNTHETIC = "synthetic_placed"
+FIXED_NETWORK = "network_fixed"
 
 
 class Sizes(NamedTuple):
@@ -153,6 +156,39 @@ def measure_placed_synthetic(
     return measure_training(
       cfg, steps, run_dir, peak_tflops, devices, dataset_type=PLACED_SYNTHETIC
     )
+
+
+def fixed_network(config: Config, mesh) -> tuple:
+  """The first `network_grain` batch, placed on the devices once and handed out at every step
+  as `synthetic` hands out its batch: the real data's values, with no placing or loading
+  behind the step. The loader is closed before the first step."""
+  train, evaluation = registry.factory("network_grain")(config, mesh)
+  try:
+    batch = next(train)
+  finally:
+    train.close()
+    if evaluation is not None:
+      evaluation.close()
+  return synthetic.SyntheticIterator(batch), None
+
+
+def measure_fixed_network(
+  cfg: Config, steps: int, run_dir: Path, peak_tflops: float | None, devices: int, **overrides
+) -> dict:
+  """`measure_training` of one real batch on the devices, repeated (`fixed_network`).
+
+  Against the synthetic step (random tokens, one full segment a row) it measures what the
+  real data's values cost the device: the same kernels run on both, but the gradient of the
+  embedding lookup is a scatter-add whose updates collide on the rows of frequent tokens,
+  and real batches are skewed towards a few dozen byte tokens where the synthetic tokens
+  spread evenly over the vocabulary. With `use_iota_embed=True` that gradient is a matmul.
+  The run's `use_iota_embed` is in the result.
+  """
+  with _dataset_type(FIXED_NETWORK, fixed_network):
+    run = measure_training(
+      cfg, steps, run_dir, peak_tflops, devices, dataset_type=FIXED_NETWORK, **overrides
+    )
+  return {**run, "use_iota_embed": cfg.replace(**overrides).use_iota_embed}
 
 
 def sweep_batch_sizes(

@@ -1,8 +1,8 @@
 """A step's kernel time by what each kernel does, read from the kernels' names in a trace.
 
 `device_time` sums the op events of `profile.read_events` (whose sixth field is the kernel's
-name) over a window of steps, per `kernel_class`: attention, matmul, copy or the rest, and
-names the heaviest kernels; `profile.analyze_events` reports it as `device_time`.
+name) over a window of steps, per `kernel_class`: attention, matmul, scatter, copy or the
+rest, and names the heaviest kernels; `profile.analyze_events` reports it as `device_time`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from collections import Counter
 KERNEL_CLASSES = (
   ("attention", re.compile(r"flash|fmha|sdpa|attention|cudnn", re.IGNORECASE)),
   ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|matmul|wgmma|ynn_fusion|\bdot", re.I)),
+  # XLA's scatters (the gradient of a gather: an embedding lookup's), whose time depends on
+  # how often the indices repeat.
+  ("scatter", re.compile(r"scatter", re.IGNORECASE)),
   ("copy", re.compile(r"memcpy|memset|copy|transpose", re.IGNORECASE)),
 )
 
@@ -25,7 +28,8 @@ _CONTAINER = re.compile(r"(while|conditional|call)(\.\d+)?$")
 
 
 def kernel_class(name: str) -> str:
-  """`attention`, `matmul`, `copy` or `other` (fusions of elementwise ops and reductions)."""
+  """`attention`, `matmul`, `scatter`, `copy` or `other` (fusions of elementwise ops and
+  reductions)."""
   return next((label for label, pattern in KERNEL_CLASSES if pattern.search(name)), "other")
 
 

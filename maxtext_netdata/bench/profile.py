@@ -45,6 +45,9 @@ DATA_COVERS = 0.5
 # Steps whose median idle share is above this are reported as leaving the accelerator idle.
 IDLE_SHARE_NOTABLE = 0.10
 
+# The start of `source` when the activity was read from an accelerator's own tracks.
+DEVICE_TRACKS = "device tracks of"
+
 DATA = "data"
 DEVICE_READ = "device_to_host_read"
 HOST = "other_host_work"
@@ -292,7 +295,10 @@ def amend_verdict(verdict: dict, profile: dict) -> dict:
   "Not the bottleneck" turns into the cause of the gaps when the accelerator idles for more
   than IDLE_SHARE_NOTABLE of a step. "Forced synchronization suspected" (slower real steps
   with little data wait) is withdrawn when the accelerator never idles: the steps ran slower,
-  they were not held up, as when loading and the step share the same cores.
+  they were not held up. On a CPU platform that is loading and the step sharing the same
+  cores; on an accelerator (its own device tracks) it is more work on the device for the real
+  batches than for the reference one (`real_data_slower_on_device`), named by the heaviest
+  kernels of the real step.
   """
   from maxtext_netdata.bench import report as bench_report
 
@@ -303,6 +309,8 @@ def amend_verdict(verdict: dict, profile: dict) -> dict:
   cause = profile["host_waiting_on"]
   idle = profile["idle_share"]["median"]
   if kind == bench_report.FORCED_SYNC and idle <= IDLE_SHARE_NOTABLE:
+    if profile["source"].startswith(DEVICE_TRACKS):
+      return {"kind": bench_report.SLOWER_ON_DEVICE, "text": f"{text} {_busier_device(profile)}"}
     return {
       "kind": bench_report.STARVED,
       "text": f"{text} So the slower steps are no forced synchronization: the accelerator was"
@@ -320,6 +328,25 @@ def amend_verdict(verdict: dict, profile: dict) -> dict:
       kind = bench_report.STARVED
       text += " The loader does not keep up inside training: see loading_starved_in_training."
   return {"kind": kind, "text": text}
+
+
+def _busier_device(profile: dict) -> str:
+  """Why an accelerator busy throughout slower real steps was slower, and its heaviest kernels."""
+  words = (
+    "So the slower steps are no forced synchronization and no wait for the host: the"
+    " accelerator was busy throughout and had more to compute on the real batches than on the"
+    " reference batch. A kernel whose time depends on the token values does this: the"
+    " gradient of an embedding lookup is a scatter-add whose updates collide on frequent"
+    " tokens (use_iota_embed: true, MaxText's key, makes it a matmul)."
+  )
+  device = profile.get("device_time")
+  if not device:
+    return words
+  top = ", ".join(
+    f"{name} ({kernel_time.kernel_class(name)}) {seconds * 1e3:.2f} ms"
+    for name, seconds in list(device["top_kernels_s"].items())[:3]
+  )
+  return f"{words} The heaviest kernels of a real-data step: {top}."
 
 
 def plot_panel(ax, profile: dict) -> None:
@@ -361,7 +388,7 @@ def _accelerator_activity(data, host) -> dict:
       else None
     )
     ops = [] if modules else _ops(e for ln in chosen for e in ln.events)
-    return {"source": f"device tracks of {plane.name}", "busy": busy, "runs": runs, "ops": ops}
+    return {"source": f"{DEVICE_TRACKS} {plane.name}", "busy": busy, "runs": runs, "ops": ops}
   events = [
     e
     for line in host.lines

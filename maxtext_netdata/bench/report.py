@@ -30,6 +30,9 @@ NOT_BOTTLENECK = "loading_not_bottleneck"
 BOTTLENECK = "loading_bottleneck"
 STARVED = "loading_starved_in_training"
 FORCED_SYNC = "forced_synchronization_suspected"
+# The profile's finding (`profile.amend_verdict`): an accelerator busy throughout slower real
+# steps, computing more on the real batches than on the reference one.
+SLOWER_ON_DEVICE = "real_data_slower_on_device"
 
 # What to try when loading is too slow, by its slowest stage (bench.measure_stages).
 STAGE_ADVICE = {
@@ -242,7 +245,8 @@ def decide(
     " device values (print(loss), float(metric), .item(), np.asarray on a jax.Array),"
     " jax.device_get or block_until_ready in the loop, blocking checkpoint saves, or"
     " logging that is not asynchronous. Read metrics one step late and checkpoint"
-    " asynchronously.",
+    " asynchronously. --profile tells this from an accelerator that is busy throughout,"
+    " computing more on the real batches.",
   }
 
 
