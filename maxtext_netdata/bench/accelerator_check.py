@@ -376,6 +376,7 @@ def model_figures(cfg: Config, devices: int) -> dict:
     "tokens_per_step": sequences * cfg.max_target_length,
     "attention": model.attention_used(cfg),
     "remat_policy": cfg.remat_policy,
+    "use_iota_embed": cfg.use_iota_embed,
   }
 
 

@@ -57,8 +57,13 @@ def format_table(report: dict) -> str:
     ),
   ]
   if "attention" in shape:  # reports before these keys lack them
+    embedding = {True: ", embedding by matmul", False: ", embedding by gather"}
     rows.append(
-      ("kernels", f"attention {shape['attention']}, remat_policy {shape['remat_policy']}")
+      (
+        "kernels",
+        f"attention {shape['attention']}, remat_policy {shape['remat_policy']}"
+        + embedding.get(shape.get("use_iota_embed"), ""),  # absent from older reports
+      )
     )
   if report.get("fallback"):
     rows.append(("fallback", report["fallback"]))
