@@ -27,8 +27,9 @@ AND same segment, exactly (docs/training.md, "Attention"):
 backward pass, by `nn.remat` with a `jax.checkpoint` policy over the names that
 `checkpoint_name` gives the block's matmul outputs (MaxText's names): `none` keeps
 everything, `minimal` the projections (query, key, value, out, MLP in and out),
-`minimal_with_context` those and the attention output, `full` only the block's input. The
-values are the same whichever; memory and step time differ.
+`minimal_with_context` those and the attention output (with cuDNN's kernel, also its
+softmax statistics, so its backward needs no second forward: `CUDNN_ATTENTION_FWD`), `full`
+only the block's input. The values are the same whichever; memory and step time differ.
 
 `scan_layers` (MaxText's key, default true) scans one block over the layers, so compile time
 does not grow with depth; false unrolls them (`layers_0`, `layers_1`, ...), which lets XLA
@@ -336,6 +337,19 @@ _MINIMAL = (
   *("mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo"),
 )
 _SAVED_NAMES = {"minimal": _MINIMAL, "minimal_with_context": (*_MINIMAL, "context")}
+# The primitive of cuDNN's fused attention forward in JAX (`jax._src.cudnn.
+# fused_attention_stablehlo`, the same in JAX 0.11 and 0.12): its outputs are the attention
+# output and the softmax statistics, the residuals its backward reads. JAX's public
+# `dot_product_attention` names neither, so a names policy recomputes the whole forward kernel
+# in the backward pass (on the H100 a 254 µs kernel a block, besides the 582 µs backward).
+# MaxText's own cuDNN kernel names both `context`; `minimal_with_context` keeps them here by
+# this primitive. tests/trainer/test_model.py checks the name against the installed JAX.
+CUDNN_ATTENTION_FWD = "dot_product_attention_fwd_wrapper"
+
+
+def _cudnn_attention_outputs(primitive, *_, **__) -> bool:
+  """A `jax.checkpoint` policy: keep what cuDNN's attention forward returns."""
+  return primitive.name == CUDNN_ATTENTION_FWD
 
 
 def remat(block: type[nn.Module], policy: str) -> type[nn.Module]:
@@ -345,6 +359,8 @@ def remat(block: type[nn.Module], policy: str) -> type[nn.Module]:
     return block
   names = _SAVED_NAMES.get(policy)
   saved = jax.checkpoint_policies.save_only_these_names(*names) if names else None
+  if policy == "minimal_with_context":
+    saved = jax.checkpoint_policies.save_from_both_policies(saved, _cudnn_attention_outputs)
   # prevent_cse=False: under scan, as in MaxText, the loop already keeps XLA from merging
   # the recomputation into the forward pass.
   return nn.remat(block, policy=saved, prevent_cse=False)

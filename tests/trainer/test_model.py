@@ -2,10 +2,13 @@
 
 import re
 
+import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.ad_checkpoint import checkpoint_name
 
 from maxtext_netdata import config
 from maxtext_netdata.trainer import model
@@ -260,6 +263,80 @@ def test_remat_policies_keep_less_and_recompute_the_same_gradients(capsys):
       np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
     saved.append(_saved_elements(loss_fn, params, capsys))
   assert saved == sorted(saved, reverse=True) and len(set(saved)) == 4, saved
+
+
+def _stand_in_cudnn_attention():
+  """An attention built as JAX builds cuDNN's: a custom VJP whose forward binds a primitive
+  named as cuDNN's forward primitive, returning the output and softmax statistics, which its
+  backward reads. (cuDNN itself runs on NVIDIA GPUs only.)"""
+  forward_p = jax.extend.core.Primitive(model.CUDNN_ATTENTION_FWD)
+  forward_p.multiple_results = True
+
+  def forward(q, k):
+    scores = q @ k.T
+    stats = jax.nn.logsumexp(scores, axis=-1)
+    return [jnp.exp(scores - stats[:, None]) @ k, stats]
+
+  forward_p.def_impl(forward)
+  forward_p.def_abstract_eval(
+    lambda q, k: [
+      jax.core.ShapedArray(q.shape, q.dtype),
+      jax.core.ShapedArray(q.shape[:1], q.dtype),
+    ]
+  )
+
+  @jax.custom_vjp
+  def attention(q, k):
+    return forward_p.bind(q, k)[0]
+
+  def attention_fwd(q, k):
+    out, stats = forward_p.bind(q, k)
+    return out, (q, k, out, stats)
+
+  def attention_bwd(residuals, g):
+    q, k, _, stats = residuals
+    probs = jnp.exp(q @ k.T - stats[:, None])
+    d_scores = probs * (g @ k.T - jnp.sum(g * (probs @ k), axis=-1, keepdims=True))
+    return d_scores @ k, d_scores.T @ q + probs.T @ g
+
+  attention.defvjp(attention_fwd, attention_bwd)
+  return attention
+
+
+def test_minimal_with_context_keeps_cudnn_attention_for_the_backward_pass():
+  """cuDNN's attention forward runs once a step under `minimal_with_context` and twice under
+  `minimal` (recomputed for the backward pass), with the same gradients; the primitive's name
+  is that of the installed JAX."""
+  from jax._src.cudnn import fused_attention_stablehlo  # noqa: PLC0415 (imports without a GPU)
+
+  assert fused_attention_stablehlo._dot_product_attention_fwd_p_wrapper.name == (
+    model.CUDNN_ATTENTION_FWD
+  )
+  attention = _stand_in_cudnn_attention()
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      q = checkpoint_name(nn.Dense(8, use_bias=False, name="query")(x), "query_proj")
+      return jnp.sum(jnp.sin(attention(q, x))), None
+
+  x = jnp.linspace(-1.0, 1.0, 32, dtype=jnp.float32).reshape(4, 8)
+  params = Block().init(jax.random.key(0), x)
+  runs, grads = {}, {}
+  for policy in ("minimal", "minimal_with_context"):
+    block = model.remat(Block, policy)()
+
+    def loss(p, block=block):
+      return block.apply(p, x)[0]
+
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss))(params))
+    runs[policy] = jaxpr.count(f"= {model.CUDNN_ATTENTION_FWD} ")
+    grads[policy] = jax.grad(loss)(params)
+  assert runs == {"minimal": 2, "minimal_with_context": 1}, runs
+  for got, want in zip(
+    jax.tree.leaves(grads["minimal_with_context"]), jax.tree.leaves(grads["minimal"]), strict=True
+  ):
+    np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def _fused_params(params):
