@@ -366,7 +366,7 @@ def plot_panel(ax, profile: dict) -> None:
   ax.set_xlabel("step (profiled)")
   ax.set_ylabel("% of step idle")
   ax.set_title(f"Profile: accelerator idle per step ({profile['source']})")
-  ax.legend(fontsize="small")
+  ax.legend(fontsize="small", loc="upper right")  # "best" searches every bar: slow
 
 
 def _accelerator_activity(data, host) -> dict:
