@@ -31,8 +31,11 @@ def attention_flops_per_token(cfg: Config) -> float:
 
 def executed_flops_per_token(cfg: Config) -> float:
   """Training FLOPs per token the Transformer's matmuls execute: the model count with the
-  attention's masked half too (scores and values over every key, then masked)."""
-  return model.training_flops_per_token(cfg) + attention_flops_per_token(cfg)
+  attention's masked half too (scores and values over every key, then masked), and with
+  `use_iota_embed` the embedding's one-hot matmul (forward, and the table's gradient: the
+  token ids have none), which model FLOPs leave out as MaxText's do."""
+  embedding = 4 * cfg.vocab_size * cfg.base_emb_dim if cfg.use_iota_embed else 0
+  return model.training_flops_per_token(cfg) + attention_flops_per_token(cfg) + embedding
 
 
 def utilization(

@@ -46,6 +46,17 @@ SHAPES = {
     "base_mlp_dim=256",
     "max_target_length=128",
   ],
+  # the embedding by a one-hot matmul: executed, not model FLOPs
+  "iota": [
+    "base_num_decoder_layers=1",
+    "base_emb_dim=64",
+    "base_num_query_heads=2",
+    "base_num_kv_heads=2",
+    "head_dim=32",
+    "base_mlp_dim=128",
+    "max_target_length=64",
+    "use_iota_embed=true",
+  ],
 }
 BATCH = 2
 
@@ -94,10 +105,15 @@ def test_matmuls_of_the_training_step_are_the_executed_count(shape):
   jaxpr = jax.make_jaxpr(jax.value_and_grad(loss))(params).jaxpr
   per_token = _dot_flops(jaxpr) / (BATCH * cfg.max_target_length)
   assert per_token == flops.executed_flops_per_token(cfg)
-  assert per_token - flops.attention_flops_per_token(cfg) == model.training_flops_per_token(cfg)
+  embedding = 4 * cfg.vocab_size * cfg.base_emb_dim if cfg.use_iota_embed else 0
+  assert per_token - flops.attention_flops_per_token(cfg) - embedding == (
+    model.training_flops_per_token(cfg)
+  )
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
+# Three forward passes make a step for the blocks, not for the one-hot embedding (its backward
+# is one matmul), whose share is large at the "iota" shape's width: the exact count covers it.
+@pytest.mark.parametrize("shape", ["gqa", "mha"])
 def test_xla_cost_analysis_of_the_forward_pass_agrees(shape):
   cfg, params, forward = _model([*SHAPES[shape], "base_num_decoder_layers=1"])
   cost = jax.jit(forward).lower(params).compile().cost_analysis()
