@@ -79,7 +79,7 @@ from maxtext_netdata.bench.accelerator_runs import (
   sweep_switches,
   with_ratio,
 )
-from maxtext_netdata.config import Config
+from maxtext_netdata.config import Config, ConfigError
 from maxtext_netdata.distributed.mesh import make_mesh
 from maxtext_netdata.input_pipeline import interface
 from maxtext_netdata.trainer import model
@@ -492,7 +492,7 @@ def _progress(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-  """Runs the check; exit status 1 when a part failed."""
+  """Runs the check; exit status 1 when a part failed, 2 for a bad config or override."""
   parser = argparse.ArgumentParser(
     prog="python -m maxtext_netdata.bench.accelerator_check", description=__doc__.split("\n")[0]
   )
@@ -504,7 +504,12 @@ def main(argv: list[str] | None = None) -> int:
   # parse them, and this one takes every setting from the config.
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
-  return 1 if run(args)["errors"] else 0
+  try:
+    report = run(args)
+  except ConfigError as e:  # a bad config or override: before any part runs
+    print(f"{parser.prog}: error: {e}", file=sys.stderr)
+    return 2
+  return 1 if report["errors"] else 0
 
 
 if __name__ == "__main__":

@@ -147,6 +147,25 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   assert len(saved["steps"]) == accelerator_check.PROFILE_STEPS
 
 
+def test_a_bad_override_is_one_line_before_any_part(tmp_path):
+  result = subprocess.run(
+    [sys.executable, "-m", "maxtext_netdata.bench.accelerator_check", "--dry-run"]
+    + ["--work", str(tmp_path), "bogus_key=1"],
+    cwd=REPO,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+    "python -m maxtext_netdata.bench.accelerator_check: error: command line: unknown config"
+    " key 'bogus_key'"
+  )
+  assert "Traceback" not in result.stderr
+  assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize(
   ("device_kind", "chip"),
   [
