@@ -24,9 +24,9 @@ tiny model and tiny sizes. The parts, in order:
    (real tokens/s) per `grain_worker_count`; then the synthetic step under the profiler, its
    device time beside the real one's;
 7. switch sweep: the configured batch on synthetic data with each switch of the mode (fused
-   projections, what each block keeps for the backward pass, XLA's
-   attention, unrolled layers), the MFU of each and the
-   fastest; a switch that fails (out of memory) is recorded and the next one runs;
+   projections, what each block keeps for the backward pass, XLA's attention, unrolled
+   layers), the MFU of each and the fastest; a switch that fails (out of memory) is recorded
+   and the next one runs;
 8. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
    fastest switches, the MFU of each and the best; it stops at the first size that fails (out
    of memory) and before a size whose compile would overrun the time budget.
