@@ -11,7 +11,6 @@ configured model on synthetic data with each switch of `Sizes.switches`, then wi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from pathlib import Path
@@ -85,6 +84,7 @@ def measure_training(
   flops_per_token = model.training_flops_per_token(run_cfg)
   return {
     "per_device_batch_size": run_cfg.per_device_batch_size,
+    "use_iota_embed": run_cfg.use_iota_embed,
     "wall_s": time.perf_counter() - start,
     "first_step_s": records[0]["step_time_s"],
     "step_time": summary["step_time"],
@@ -134,11 +134,12 @@ def placed_synthetic(config: Config, mesh) -> tuple:
   return train, None
 
 
-@contextlib.contextmanager
-def _dataset_type(name: str, factory):
+def _measure_registered(name: str, factory, cfg: Config, *args, **overrides) -> dict:
+  """`measure_training(cfg, *args, dataset_type=name, **overrides)` with `factory` registered
+  as dataset type `name` for that run only."""
   registry.register_dataset_type(name, factory)
   try:
-    yield
+    return measure_training(cfg, *args, dataset_type=name, **overrides)
   finally:
     registry.unregister_dataset_type(name)
 
@@ -152,10 +153,9 @@ def measure_placed_synthetic(
   splits a step ratio above 1: placing a new batch every step (this run slower than the
   synthetic one) or loading it (only the real-data run slower).
   """
-  with _dataset_type(PLACED_SYNTHETIC, placed_synthetic):
-    return measure_training(
-      cfg, steps, run_dir, peak_tflops, devices, dataset_type=PLACED_SYNTHETIC
-    )
+  return _measure_registered(
+    PLACED_SYNTHETIC, placed_synthetic, cfg, steps, run_dir, peak_tflops, devices
+  )
 
 
 def fixed_network(config: Config, mesh) -> tuple:
@@ -182,13 +182,10 @@ def measure_fixed_network(
   embedding lookup is a scatter-add whose updates collide on the rows of frequent tokens,
   and real batches are skewed towards a few dozen byte tokens where the synthetic tokens
   spread evenly over the vocabulary. With `use_iota_embed=True` that gradient is a matmul.
-  The run's `use_iota_embed` is in the result.
   """
-  with _dataset_type(FIXED_NETWORK, fixed_network):
-    run = measure_training(
-      cfg, steps, run_dir, peak_tflops, devices, dataset_type=FIXED_NETWORK, **overrides
-    )
-  return {**run, "use_iota_embed": cfg.replace(**overrides).use_iota_embed}
+  return _measure_registered(
+    FIXED_NETWORK, fixed_network, cfg, steps, run_dir, peak_tflops, devices, **overrides
+  )
 
 
 def sweep_batch_sizes(
