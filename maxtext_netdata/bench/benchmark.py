@@ -207,7 +207,7 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
     "stages": stages,
     "accelerator": bench_report.with_loader_cores(estimate, loading_alone),
     "profile": profile,
-    "verdict": bench_profile.amend_verdict(verdict, profile) if profile else verdict,
+    "verdict": bench_report.amend_verdict(verdict, profile) if profile else verdict,
   }
 
 

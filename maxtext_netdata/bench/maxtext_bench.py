@@ -127,7 +127,7 @@ def run(args) -> int:
   )
   verdict = advice_for_pipeline(verdict, _dataset_type(cfg))
   if profile is not None:
-    verdict = bench_profile.amend_verdict(verdict, profile)
+    verdict = bench_report.amend_verdict(verdict, profile)
   sequences = int(cfg.global_batch_size_to_load) // jax.process_count()
   report = {
     "config": path,

@@ -16,7 +16,8 @@ in which the accelerator runs nothing. `analyze` measures them from the `.xplane
   `jax.device_get`, `block_until_ready`) that was still running when the gap began (the host
   waited for the device, so nothing was queued behind it), else other host work.
 
-jaxlib's `ProfileData` reads the trace; there is no other reader of xplane files in the
+What the analysis changes in bench's verdict is `report.amend_verdict`; its plot panel is
+`render`'s. jaxlib's `ProfileData` reads the trace; there is no other reader of xplane files in the
 environment, and the analysis itself (interval unions over a few thousand events) is small.
 """
 
@@ -287,89 +288,6 @@ def describe(profile: dict) -> str:
     f"{words}; {gaps['count']} gaps in {gaps['steps_with_gaps']} steps,"
     f" {gaps['seconds'] * 1e3:.1f} ms in all, mostly while the host was {cause}."
   )
-
-
-def amend_verdict(verdict: dict, profile: dict) -> dict:
-  """`verdict` with the profile's words, and its kind corrected by what the trace shows.
-
-  "Not the bottleneck" turns into the cause of the gaps when the accelerator idles for more
-  than IDLE_SHARE_NOTABLE of a step. "Forced synchronization suspected" (slower real steps
-  with little data wait) is withdrawn when the accelerator never idles: the steps ran slower,
-  they were not held up. On a CPU platform that is loading and the step sharing the same
-  cores; on an accelerator (its own device tracks) it is more work on the device for the real
-  batches than for the reference one (`real_data_slower_on_device`), named by the heaviest
-  kernels of the real step.
-  """
-  from maxtext_netdata.bench import report as bench_report
-
-  if "error" in profile:
-    return {"kind": verdict["kind"], "text": f"{verdict['text']} No profile: {profile['error']}"}
-  text = f"{verdict['text']} {describe(profile)}"
-  kind = verdict["kind"]
-  cause = profile["host_waiting_on"]
-  idle = profile["idle_share"]["median"]
-  if kind == bench_report.FORCED_SYNC and idle <= IDLE_SHARE_NOTABLE:
-    if profile["source"].startswith(DEVICE_TRACKS):
-      return {"kind": bench_report.SLOWER_ON_DEVICE, "text": f"{text} {_busier_device(profile)}"}
-    return {
-      "kind": bench_report.STARVED,
-      "text": f"{text} So the slower steps are no forced synchronization: the accelerator was"
-      " busy throughout and computed more slowly, as when the loader and the step compete for"
-      " the same cores (always so on a CPU platform); give the loader cores of its own.",
-    }
-  if kind == bench_report.NOT_BOTTLENECK and idle > IDLE_SHARE_NOTABLE:
-    if cause == DEVICE_READ:
-      kind = bench_report.FORCED_SYNC
-      text += (
-        " Forced synchronization: the host reads a device value each step, so nothing is"
-        " queued while it works; read metrics one step late."
-      )
-    elif cause == DATA:
-      kind = bench_report.STARVED
-      text += " The loader does not keep up inside training: see loading_starved_in_training."
-  return {"kind": kind, "text": text}
-
-
-def _busier_device(profile: dict) -> str:
-  """Why an accelerator busy throughout slower real steps was slower, and its heaviest kernels."""
-  words = (
-    "So the slower steps are no forced synchronization and no wait for the host: the"
-    " accelerator was busy throughout and had more to compute on the real batches than on the"
-    " reference batch. A kernel whose time depends on the token values does this: the"
-    " gradient of an embedding lookup is a scatter-add whose updates collide on frequent"
-    " tokens (use_iota_embed: true, MaxText's key, makes it a matmul)."
-  )
-  device = profile.get("device_time")
-  if not device:
-    return words
-  top = ", ".join(
-    f"{name} ({kernel_time.kernel_class(name)}) {seconds * 1e3:.2f} ms"
-    for name, seconds in list(device["top_kernels_s"].items())[:3]
-  )
-  return f"{words} The heaviest kernels of a real-data step: {top}."
-
-
-def plot_panel(ax, profile: dict) -> None:
-  """Per step, the idle share of the accelerator, split by what the host did in the gaps."""
-  steps = profile["steps"]
-  x = [s["step"] for s in steps]
-  bottom = np.zeros(len(steps))
-  colors = {DATA: "tab:red", DEVICE_READ: "tab:purple", HOST: "tab:gray"}
-  # Stacked steps as one filled band per cause: bars are one patch each, and a trace cut into
-  # tens of thousands of runs took minutes to draw that way.
-  for cause, color in colors.items():
-    share = np.array(
-      [sum(g["seconds"] for g in s["gaps"] if g["cause"] == cause) / s["seconds"] for s in steps]
-    )
-    top = bottom + share * 100
-    ax.fill_between(x, bottom, top, step="mid", color=color, label=f"gap: {cause}")
-    bottom = top
-  ax.plot(x, [s["idle_share"] * 100 for s in steps], "k.", label="idle, all")
-  ax.set_ylim(0, 100)
-  ax.set_xlabel("step (profiled)")
-  ax.set_ylabel("% of step idle")
-  ax.set_title(f"Profile: accelerator idle per step ({profile['source']})")
-  ax.legend(fontsize="small", loc="upper right")
 
 
 def _accelerator_activity(data, host) -> dict:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench.report import ms
 
 
@@ -138,9 +139,7 @@ def plot(report: dict):
   fig = Figure(figsize=(9, 4 + 3.5 * bool(runs) + 3.5 * bool(profile)))
   axes = fig.subplots(1 + bool(runs) + bool(profile), 1, squeeze=False)
   if profile:
-    from maxtext_netdata.bench import profile as bench_profile
-
-    bench_profile.plot_panel(axes[-1][0], profile)
+    _profile_panel(axes[-1][0], profile)
     axes = axes[:-1]
   if runs:
     ax = axes[0][0]
@@ -207,3 +206,30 @@ def _jsonable(value):
   if isinstance(value, Path):
     return str(value)
   raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def _profile_panel(ax, profile: dict) -> None:
+  """Per step, the idle share of the accelerator, split by what the host did in the gaps."""
+  steps = profile["steps"]
+  x = [s["step"] for s in steps]
+  bottom = np.zeros(len(steps))
+  colors = {
+    bench_profile.DATA: "tab:red",
+    bench_profile.DEVICE_READ: "tab:purple",
+    bench_profile.HOST: "tab:gray",
+  }
+  # Stacked steps as one filled band per cause: bars are one patch each, and a trace cut into
+  # tens of thousands of runs took minutes to draw that way.
+  for cause, color in colors.items():
+    share = np.array(
+      [sum(g["seconds"] for g in s["gaps"] if g["cause"] == cause) / s["seconds"] for s in steps]
+    )
+    top = bottom + share * 100
+    ax.fill_between(x, bottom, top, step="mid", color=color, label=f"gap: {cause}")
+    bottom = top
+  ax.plot(x, [s["idle_share"] * 100 for s in steps], "k.", label="idle, all")
+  ax.set_ylim(0, 100)
+  ax.set_xlabel("step (profiled)")
+  ax.set_ylabel("% of step idle")
+  ax.set_title(f"Profile: accelerator idle per step ({profile['source']})")
+  ax.legend(fontsize="small", loc="upper right")

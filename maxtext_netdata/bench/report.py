@@ -2,7 +2,8 @@
 
 Everything here works on plain timings, so the decision can be checked on constructed numbers:
 `loading_summary` and `training_summary` condense measurements, `recommend_workers` reads a
-worker-count sweep, and `decide` turns the figures into a verdict in plain words; `render`
+worker-count sweep, and `decide` turns the figures into a verdict in plain words, which
+`amend_verdict` corrects by a profile's analysis (`bench.profile`) when there is one; `render`
 presents the resulting report dict.
 """
 
@@ -12,6 +13,9 @@ import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+
+from maxtext_netdata.bench import kernel_time
+from maxtext_netdata.bench import profile as bench_profile
 
 # Training steps left out of the step statistics: the first compiles, the second may still
 # pay for the first step's metrics transfer.
@@ -30,7 +34,7 @@ NOT_BOTTLENECK = "loading_not_bottleneck"
 BOTTLENECK = "loading_bottleneck"
 STARVED = "loading_starved_in_training"
 FORCED_SYNC = "forced_synchronization_suspected"
-# The profile's finding (`profile.amend_verdict`): an accelerator busy throughout slower real
+# The profile's finding (`amend_verdict`): an accelerator busy throughout slower real
 # steps, computing more on the real batches than on the reference one.
 SLOWER_ON_DEVICE = "real_data_slower_on_device"
 
@@ -256,3 +260,62 @@ def ms(seconds: float | None) -> str:
   if seconds >= 1.0:
     return f"{seconds:.2f} s"
   return f"{seconds * 1e3:.2f} ms"
+
+
+def amend_verdict(verdict: dict, profile: dict) -> dict:
+  """`verdict` with the profile's words, and its kind corrected by what the trace shows.
+
+  `profile` is `bench.profile`'s analysis of real-data steps. "Not the bottleneck" turns into
+  the cause of the gaps when the accelerator idles for more than
+  `profile.IDLE_SHARE_NOTABLE` of a step. "Forced synchronization suspected" (slower real steps
+  with little data wait) is withdrawn when the accelerator never idles: the steps ran slower,
+  they were not held up. On a CPU platform that is loading and the step sharing the same
+  cores; on an accelerator (its own device tracks) it is more work on the device for the real
+  batches than for the reference one (`real_data_slower_on_device`), named by the heaviest
+  kernels of the real step.
+  """
+  if "error" in profile:
+    return {"kind": verdict["kind"], "text": f"{verdict['text']} No profile: {profile['error']}"}
+  text = f"{verdict['text']} {bench_profile.describe(profile)}"
+  kind = verdict["kind"]
+  cause = profile["host_waiting_on"]
+  idle = profile["idle_share"]["median"]
+  if kind == FORCED_SYNC and idle <= bench_profile.IDLE_SHARE_NOTABLE:
+    if profile["source"].startswith(bench_profile.DEVICE_TRACKS):
+      return {"kind": SLOWER_ON_DEVICE, "text": f"{text} {_busier_device(profile)}"}
+    return {
+      "kind": STARVED,
+      "text": f"{text} So the slower steps are no forced synchronization: the accelerator was"
+      " busy throughout and computed more slowly, as when the loader and the step compete for"
+      " the same cores (always so on a CPU platform); give the loader cores of its own.",
+    }
+  if kind == NOT_BOTTLENECK and idle > bench_profile.IDLE_SHARE_NOTABLE:
+    if cause == bench_profile.DEVICE_READ:
+      kind = FORCED_SYNC
+      text += (
+        " Forced synchronization: the host reads a device value each step, so nothing is"
+        " queued while it works; read metrics one step late."
+      )
+    elif cause == bench_profile.DATA:
+      kind = STARVED
+      text += " The loader does not keep up inside training: see loading_starved_in_training."
+  return {"kind": kind, "text": text}
+
+
+def _busier_device(profile: dict) -> str:
+  """Why an accelerator busy throughout slower real steps was slower, and its heaviest kernels."""
+  words = (
+    "So the slower steps are no forced synchronization and no wait for the host: the"
+    " accelerator was busy throughout and had more to compute on the real batches than on the"
+    " reference batch. A kernel whose time depends on the token values does this: the"
+    " gradient of an embedding lookup is a scatter-add whose updates collide on frequent"
+    " tokens (use_iota_embed: true, MaxText's key, makes it a matmul)."
+  )
+  device = profile.get("device_time")
+  if not device:
+    return words
+  top = ", ".join(
+    f"{name} ({kernel_time.kernel_class(name)}) {seconds * 1e3:.2f} ms"
+    for name, seconds in list(device["top_kernels_s"].items())[:3]
+  )
+  return f"{words} The heaviest kernels of a real-data step: {top}."

@@ -73,7 +73,9 @@ def test_back_to_back_steps_have_no_gaps(tmp_path):
   assert device["by_class_s"]["matmul"] > 2 * device["by_class_s"]["other"] > 0, device
   assert device["kernels_s"] == pytest.approx(sum(device["by_class_s"].values()))
   # Slower steps without gaps were computed more slowly, not held up by a synchronization.
-  verdict = profile.amend_verdict({"kind": bench_report.FORCED_SYNC, "text": "Forced."}, result)
+  verdict = bench_report.amend_verdict(
+    {"kind": bench_report.FORCED_SYNC, "text": "Forced."}, result
+  )
   assert verdict["kind"] == bench_report.STARVED
   assert "no forced synchronization" in verdict["text"]
 
@@ -94,7 +96,7 @@ def test_a_device_read_then_host_work_is_forced_synchronization(tmp_path):
   assert result["host_waiting_on"] == profile.DEVICE_READ
   gaps = [g["seconds"] for s in result["steps"] for g in s["gaps"]]
   assert np.median(gaps) == pytest.approx(SLEEP_S, rel=0.5)
-  verdict = profile.amend_verdict(
+  verdict = bench_report.amend_verdict(
     {"kind": bench_report.NOT_BOTTLENECK, "text": "Data loading is not the bottleneck."}, result
   )
   assert verdict["kind"] == bench_report.FORCED_SYNC
@@ -127,7 +129,7 @@ def test_too_few_steps_is_a_clear_error(tmp_path):
 def test_a_missing_trace_leaves_the_verdict_and_says_why(tmp_path):
   result = profile.read(tmp_path)
   assert result == {"error": f"{tmp_path}: no .xplane.pb profiler trace"}
-  verdict = profile.amend_verdict({"kind": bench_report.BOTTLENECK, "text": "Slow."}, result)
+  verdict = bench_report.amend_verdict({"kind": bench_report.BOTTLENECK, "text": "Slow."}, result)
   assert verdict == {
     "kind": bench_report.BOTTLENECK,
     "text": f"Slow. No profile: {result['error']}",
@@ -218,9 +220,9 @@ def test_slower_real_steps_on_a_busy_accelerator_are_more_device_work():
   result = profile.analyze_events(gpu, "train_step")
   assert result["idle_share"]["median"] <= profile.IDLE_SHARE_NOTABLE
   forced = {"kind": bench_report.FORCED_SYNC, "text": "Forced."}
-  verdict = profile.amend_verdict(forced, result)
+  verdict = bench_report.amend_verdict(forced, result)
   assert verdict["kind"] == bench_report.SLOWER_ON_DEVICE
   assert "use_iota_embed: true" in verdict["text"]
   assert "input_scatter_fusion_2 (scatter)" in verdict["text"]
   cpu = profile.analyze_events({**gpu, "source": "XLA threads of the CPU host"}, "train_step")
-  assert profile.amend_verdict(forced, cpu)["kind"] == bench_report.STARVED
+  assert bench_report.amend_verdict(forced, cpu)["kind"] == bench_report.STARVED
