@@ -44,18 +44,15 @@ same of the synthetic step); the last lines printed are a short table.
 from __future__ import annotations
 
 import argparse
-import platform
 import shutil
 import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 
 import jax
-import psutil
 
 from maxtext_netdata import config
 from maxtext_netdata.bench import (
@@ -92,25 +89,6 @@ BUDGET_S = 480.0
 TRACE_BYTES = 4 * 2**20
 # Steps of the profile's events kept in profile_events.json.gz.
 PROFILE_STEPS = 6
-# Reported when installed: the stack the step runs on and what the pipeline imports.
-PACKAGES = (
-  "jax",
-  "jaxlib",
-  "jax-cuda13-plugin",
-  "jax-cuda12-plugin",
-  "libtpu",
-  "flax",
-  "optax",
-  "orbax-checkpoint",
-  "grain",
-  "numba",
-  "numpy",
-  "pyarrow",
-  "pydantic",
-  "tensorboardX",
-)
-
-
 ACCELERATOR = Sizes(
   rows=1_000_000,
   steps=20,
@@ -213,7 +191,7 @@ def run(args: argparse.Namespace) -> dict:
   shutil.rmtree(cache, ignore_errors=True)  # the first step must pay the compile
   jax.config.update("jax_compilation_cache_dir", str(cache))
 
-  env = environment(args.peak_tflops)
+  env = accelerators.environment(args.peak_tflops)
   _progress(accelerator_report.environment_line(env, env["packages"]))
   overrides = [
     *sizes.overrides,
@@ -340,28 +318,6 @@ def run(args: argparse.Namespace) -> dict:
   return report
 
 
-def environment(peak_tflops: float | None) -> dict:
-  """Versions, devices, the chip and its peak (`peak_tflops` if given), host cores and memory."""
-  devices = jax.devices()
-  kind = devices[0].device_kind
-  chip = accelerators.chip_of_device_kind(kind)
-  memory = devices[0].memory_stats() or {}
-  return {
-    "python": platform.python_version(),
-    "executable": sys.executable,
-    "packages": {name: _version(name) for name in PACKAGES if _version(name)},
-    "platform": devices[0].platform,
-    "device_kind": kind,
-    "devices": len(devices),
-    "processes": jax.process_count(),
-    "chip": chip,
-    "peak_tflops": peak_tflops or (accelerators.PEAK_TFLOPS[chip] if chip else None),
-    "device_memory_bytes": memory.get("bytes_limit"),
-    "cpu_cores": loading.cpu_cores(),
-    "host_memory_bytes": psutil.virtual_memory().total,
-  }
-
-
 def model_figures(cfg: Config, devices: int) -> dict:
   """Parameters, FLOPs per token (model, its attention term, executed) and the batch."""
   sequences = cfg.global_batch_size(devices)
@@ -473,13 +429,6 @@ def loading_by_threads(cfg: Config, sizes: Sizes) -> list[dict]:
     measured = benchmark.measure_loading(run_cfg, device_mesh, batches)
     runs.append({"threads": threads, **{key: measured[key] for key in _LOADING_KEYS}})
   return runs
-
-
-def _version(name: str) -> str | None:
-  try:
-    return metadata.version(name)
-  except metadata.PackageNotFoundError:
-    return None
 
 
 def _newest(folder: Path, name: str) -> Path | None:

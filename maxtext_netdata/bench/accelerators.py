@@ -3,11 +3,19 @@
 The cost of a token is MaxText's count (`model.training_flops_per_token`): 6 FLOPs per matmul
 weight (forward 2, backward 4) plus causal self-attention. A share (MFU) of the chip's peak
 divided by that cost gives the tokens per second the chip eats, and so the step time the input
-pipeline must beat.
+pipeline must beat. `environment` says which chip (and host) a process runs on.
 """
 
 from __future__ import annotations
 
+import platform
+import sys
+from importlib import metadata
+
+import jax
+import psutil
+
+from maxtext_netdata.bench import loading
 from maxtext_netdata.config import Config
 from maxtext_netdata.errors import ConfigError
 from maxtext_netdata.trainer import model
@@ -34,6 +42,24 @@ _DEVICE_KINDS = (
   ("TPU v5", "v5p"),
   ("TPU v6 lite", "v6e"),
   ("TPU v6e", "v6e"),
+)
+
+# Reported when installed: the stack the step runs on and what the pipeline imports.
+PACKAGES = (
+  "jax",
+  "jaxlib",
+  "jax-cuda13-plugin",
+  "jax-cuda12-plugin",
+  "libtpu",
+  "flax",
+  "optax",
+  "orbax-checkpoint",
+  "grain",
+  "numba",
+  "numpy",
+  "pyarrow",
+  "pydantic",
+  "tensorboardX",
 )
 
 # MFUs the estimate is stated at: 40% is a good real run, 60% an excellent one.
@@ -100,3 +126,32 @@ def estimate(
     "tokens_per_batch": tokens_per_batch,
     "at_mfu": at_mfu,
   }
+
+
+def environment(peak_tflops: float | None) -> dict:
+  """Versions, devices, the chip and its peak (`peak_tflops` if given), host cores and memory."""
+  devices = jax.devices()
+  kind = devices[0].device_kind
+  chip = chip_of_device_kind(kind)
+  memory = devices[0].memory_stats() or {}
+  return {
+    "python": platform.python_version(),
+    "executable": sys.executable,
+    "packages": {name: version for name in PACKAGES if (version := _version(name))},
+    "platform": devices[0].platform,
+    "device_kind": kind,
+    "devices": len(devices),
+    "processes": jax.process_count(),
+    "chip": chip,
+    "peak_tflops": peak_tflops or (PEAK_TFLOPS[chip] if chip else None),
+    "device_memory_bytes": memory.get("bytes_limit"),
+    "cpu_cores": loading.cpu_cores(),
+    "host_memory_bytes": psutil.virtual_memory().total,
+  }
+
+
+def _version(name: str) -> str | None:
+  try:
+    return metadata.version(name)
+  except metadata.PackageNotFoundError:
+    return None
