@@ -58,11 +58,14 @@ def format_table(report: dict) -> str:
   ]
   if "attention" in shape:  # reports before these keys lack them
     embedding = {True: ", embedding by matmul", False: ", embedding by gather"}
+    layers = {True: ", layers scanned", False: ", layers unrolled"}
     rows.append(
       (
         "kernels",
         f"attention {shape['attention']}, remat_policy {shape['remat_policy']}"
-        + embedding.get(shape.get("use_iota_embed"), ""),  # absent from older reports
+        # absent from older reports
+        + embedding.get(shape.get("use_iota_embed"), "")
+        + layers.get(shape.get("scan_layers"), ""),
       )
     )
   if report.get("fallback"):
@@ -85,7 +88,7 @@ def format_table(report: dict) -> str:
       (
         "data",
         f"{data['rows']:,} rows generated in {data['generate_s']:.1f} s, prepared in"
-        f" {data['prepare_s']:.1f} s",
+        f" {data['prepare_s']:.1f} s, batch kernel ready in {data['batch_kernel_s']:.1f} s",
       )
     )
   runs = (

@@ -83,7 +83,9 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   assert synthetic["mfu"] > synthetic["mfu_real_tokens"] > 0
   assert f"MFU {synthetic['mfu']:.1%}" in table[TABLE_ROWS.index("synthetic")]
   kernels = table[TABLE_ROWS.index("kernels")]
-  assert kernels.endswith("attention xla, remat_policy minimal, embedding by matmul")
+  assert kernels.endswith(
+    "attention xla, remat_policy minimal_with_context, embedding by matmul, layers unrolled"
+  )
 
   placed = report["synthetic_placed"]  # the synthetic batch, placed anew every step
   assert placed["real_tokens_per_step"] == synthetic["real_tokens_per_step"]
@@ -268,8 +270,9 @@ def _sweep(monkeypatch, tmp_path, fails_from: int, budget_left: float = 1e9) -> 
   cfg = config.load(None, ["per_device_batch_size=32"])
   env = {"peak_tflops": None, "devices": 1}
   configured = _configured_run(32.0, 30_000.0)
+  sizes = accelerator_check.ACCELERATOR._replace(batch_scales=(0.5, 1.0, 1.5, 2.0))
   return accelerator_runs.sweep_batch_sizes(
-    cfg, accelerator_check.ACCELERATOR, tmp_path, configured, env, _Left(budget_left)
+    cfg, sizes, tmp_path, configured, env, _Left(budget_left)
   )
 
 
@@ -299,16 +302,14 @@ def test_batch_sweep_stops_before_overrunning_the_budget(monkeypatch, tmp_path):
 def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch, tmp_path):
   """A switch running out of memory is a result, not the end of the sweep; the fastest of the
   others is picked."""
-  tokens_per_s = {
-    "remat_policy=minimal_with_context": 20_000.0,
-    "remat_policy=full": 10_000.0,
-    "attention=xla": 5_000.0,
-    "scan_layers=False": 8_000.0,
-  }
+  switches = accelerator_check.ACCELERATOR.switches
+  names = [" ".join(f"{key}={value}" for key, value in s.items()) for s in switches]
+  # The first switch runs out of memory; the second is the fastest of the others.
+  tokens_per_s = dict(zip(names[1:], (20_000.0, 10_000.0, 5_000.0), strict=True))
 
   def fake_measure(cfg, steps, run_dir, peak, devices, dataset_type, **switches):
     name = " ".join(f"{key}={value}" for key, value in switches.items())
-    if name == "fused_qkv=True fused_mlp=True":
+    if name == names[0]:
       raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate\ndetails")
     return _configured_run(32.0, tokens_per_s[name])
 
@@ -325,10 +326,8 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
   )
   assert [r["switches"] for r in sweep["runs"]] == list(accelerator_check.ACCELERATOR.switches)
   assert sweep["runs"][0]["error"].startswith("RuntimeError: RESOURCE_EXHAUSTED: Out of memory")
-  assert [r.get("tokens_per_s") for r in sweep["runs"]] == [
-    None, 20_000.0, 10_000.0, 5_000.0, 8_000.0
-  ]  # fmt: skip
-  assert sweep["best"] == {"remat_policy": "minimal_with_context"} and sweep["stopped"] is None
+  assert [r.get("tokens_per_s") for r in sweep["runs"]] == [None, *tokens_per_s.values()]
+  assert sweep["best"] == switches[1] and sweep["stopped"] is None
   assert sweep["best_run"]["tokens_per_s"] == 20_000.0
 
   stopped = accelerator_runs.sweep_switches(
@@ -340,7 +339,7 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
     _Left(5.0),
   )
   assert stopped["runs"] == [] and stopped["best"] == {}
-  assert stopped["stopped"] == "fused_qkv=True fused_mlp=True and the switches after it: 5 s left"
+  assert stopped["stopped"] == f"{names[0]} and the switches after it: 5 s left"
 
 
 def _trace(path: Path, events: int) -> None:
