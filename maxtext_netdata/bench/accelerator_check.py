@@ -11,7 +11,9 @@ tiny model and tiny sizes. The parts, in order:
 3. placed: the synthetic batch again, but placed on the devices anew every step the way
    `network_grain`'s batches are (`device_prefetch` ahead): with the network run below, it
    tells a step ratio that comes from placing batches from one that comes from loading them;
-4. data: generated measurements (`maxtext-netdata generate`) prepared into a store here;
+4. data: generated measurements (`maxtext-netdata generate`) prepared into a store here, and
+   the batch kernel made ready (compiled on a machine's first run), which the network runs
+   then measure rather than its Python stand-in;
 5. network: the same model on `network_grain` from that store: median step, the share of the
    step spent waiting for data, the step ratio network/synthetic; then once more with each
    batch placed on the device when its step asks (`device_prefetch=0`), which measures what

@@ -255,17 +255,18 @@ def profile_synthetic(cfg: Config, work: Path, out: Path, peak, devices: int, st
   by kernel class, to set beside the real-data step's (bench's profile): where a step ratio
   above 1 comes from, a busier device or an idle one. Its events (`steps` steps) go to
   `out/synthetic_profile_events.json.gz`."""
-  with bench_profile.trace(work / "synthetic_profile", perfetto=False) as trace_dir:
-    run = measure_training(
-      cfg,
-      steps + 1,
-      work / "runs" / "synthetic_profile",
-      peak,
-      devices,
-      dataset_type="synthetic",
-    )
-  events = bench_profile.read_events(bench_profile.find_xplane(trace_dir))
-  analyzed = bench_profile.analyze_events(events, "train_step", WARMUP_STEPS)
+  run_dir = work / "runs" / "synthetic_profile"
+  run = measure_training(
+    cfg,
+    steps + 1,
+    run_dir,
+    peak,
+    devices,
+    dataset_type="synthetic",
+    **benchmark.profiler_window(steps + 1, perfetto=False),
+  )
+  events = bench_profile.read_events(bench_profile.find_xplane(run_dir / "profile"))
+  analyzed = bench_profile.analyze_events(events, "train_step", first_step=WARMUP_STEPS)
   path = out / "synthetic_profile_events.json.gz"
   bench_profile.write_events(events, path, steps=steps)
   return {

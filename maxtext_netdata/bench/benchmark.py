@@ -149,9 +149,12 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
   if args.steps > 0:
     loading.progress(f"training {args.steps} + {WARMUP_STEPS} steps on the configured data")
     if args.profile:
-      with bench_profile.trace(out_dir / "real" / "profile") as trace_dir:
-        real = train_and_read_metrics(cfg, args.steps, out_dir / "real")
-      profile = bench_profile.read(trace_dir, step_module="train_step", skip_steps=WARMUP_STEPS)
+      real = train_and_read_metrics(
+        cfg, args.steps, out_dir / "real", **profiler_window(args.steps, perfetto=True)
+      )
+      profile = bench_profile.read(
+        out_dir / "real" / "profile", step_module="train_step", first_step=WARMUP_STEPS
+      )
     else:
       real = train_and_read_metrics(cfg, args.steps, out_dir / "real")
 
@@ -262,6 +265,17 @@ def measure_stages(cfg: Config, device_mesh, batches: int) -> dict:
     "batches": batches,
     "per_batch_s": per_batch,
     "slowest": bench_report.slowest_stage(per_batch),
+  }
+
+
+def profiler_window(steps: int, perfetto: bool) -> dict:
+  """The trainer's profiler keys (`trainer.profiler`) that trace the `steps` steps after
+  `train_and_read_metrics`'s warm-up, the compile left out, into `<run_dir>/profile`."""
+  return {
+    "profiler": "xplane",
+    "skip_first_n_steps_for_profiler": WARMUP_STEPS,
+    "profiler_steps": steps,
+    "profiler_perfetto": perfetto,
   }
 
 

@@ -136,6 +136,18 @@ class ConfigModel(BaseModel):
   checkpoint_period: Positive = Field(
     50, description="save a checkpoint every this many steps (and at the end)"
   )
+  profiler: Literal["", "xplane"] = Field(
+    "",
+    description="MaxText's key: xplane records a JAX profiler trace of profiler_steps steps"
+    " into <run_dir>/profile, after the first skip_first_n_steps_for_profiler (the compile)",
+  )
+  skip_first_n_steps_for_profiler: NonNegative = Field(
+    1, description="MaxText's key: steps run before the profiler starts"
+  )
+  profiler_steps: Positive = Field(5, description="MaxText's key: steps the profiler records")
+  profiler_perfetto: bool = Field(
+    False, description="with profiler: xplane, also Perfetto's trace (perfetto_trace.json.gz)"
+  )
   eval_interval: int = Field(-1, description="run eval every this many steps; -1 never")
   eval_steps: Positive = Field(4, description="batches per eval")
   peak_tflops_per_device: Real = Field(

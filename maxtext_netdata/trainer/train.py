@@ -37,6 +37,7 @@ from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline.interface import global_batch_size
 from maxtext_netdata.trainer import checkpointing, evaluation, model, report
 from maxtext_netdata.trainer.metric_logger import MetricLogger
+from maxtext_netdata.trainer.profiler import Profiler
 
 # Records left out of the summary's timings: the first step compiles, the second one's
 # interval still includes waiting for the first.
@@ -270,7 +271,7 @@ def train(
   multihost.initialize_distributed(config)
   mesh = make_mesh(config)
   global_batch = check_config(config, mesh)
-  train_iter = eval_iter = checkpoints = logger = None
+  train_iter = eval_iter = checkpoints = logger = profiler = None
   stop = _StopRequest()
   failing = False
   try:
@@ -308,6 +309,7 @@ def train(
     eval_start = eval_iter.get_state() if eval_iter is not None else None
     rtt_log_probs = _rtt_baseline(config) if eval_iter is not None else None
     logger = MetricLogger(config, mesh.size, start_step)
+    profiler = Profiler(config, start_step)
 
     last = time.perf_counter()
     for step in range(start_step, config.steps):
@@ -318,7 +320,9 @@ def train(
         print(f"train: the data ended after {step} steps (num_epoch={config.num_epoch})")
         break
       data_wait = time.perf_counter() - wait_start
+      profiler.before_step(step, state)
       state, metrics = trainer.train_step(state, batch)
+      profiler.after_step(step, state)
       metrics["data_wait_s"] = data_wait
       now = time.perf_counter()
       logger.buffer_and_write_train_metrics(metrics, step, now - last)
@@ -356,6 +360,7 @@ def train(
     raise
   finally:
     closers = [stop.uninstall]
+    closers += [profiler.close] if profiler is not None else []
     closers += [logger.close] if logger is not None else []
     closers += [checkpoints.close] if checkpoints is not None else []
     closers += [i.close for i in (train_iter, eval_iter) if i is not None and hasattr(i, "close")]

@@ -331,3 +331,38 @@ def test_a_checkpoint_saved_before_donated_steps_holds_its_own_step(tmp_path):
     np.asarray(later["params"]["final_norm"]["scale"]),
     np.asarray(restored["long"]["params"]["final_norm"]["scale"]),
   )
+
+
+def _profiled(run_dir, first_step: int) -> tuple[list[int], list[str]]:
+  """The steps the analysis finds in the run's trace, and the Python functions it recorded."""
+  from maxtext_netdata.bench import profile
+
+  events = profile.read_events(profile.find_xplane(run_dir / "profile"))
+  steps = profile.analyze_events(events, "train_step", first_step=first_step)["steps"]
+  return [s["step"] for s in steps], [name for name, _, _ in events["python"]]
+
+
+def test_the_profiler_records_its_window_of_steps_and_not_the_compile(tmp_path):
+  """`profiler: xplane` traces `profiler_steps` steps after the skipped ones (MaxText's keys):
+  the trace holds those steps' runs of the train step, and not the first step's tracing of
+  the model (a million Python events for this tiny one, from step 0)."""
+  window = ["profiler=xplane", "skip_first_n_steps_for_profiler=2", "profiler_steps=3"]
+  cfg = _config(tmp_path, "steps=7", "enable_checkpointing=false", *window)
+  _run(cfg)
+  # Three runs in the trace: the analysis counts the runs whole between the first and the
+  # last, so it reports the first two.
+  steps, python = _profiled(tmp_path / "smoke", first_step=2)
+  assert steps == [2, 3]
+  assert not [name for name in python if "model.py" in name]
+  assert len(list((tmp_path / "smoke" / "profile").rglob("*.xplane.pb"))) == 1
+
+
+def test_a_run_ending_inside_the_profiler_window_stops_the_trace(tmp_path):
+  """The run ends before the window does: the trace is stopped and written all the same, and
+  no trace is left running to refuse the next one."""
+  window = ["profiler=xplane", "skip_first_n_steps_for_profiler=1", "profiler_steps=10"]
+  cfg = _config(tmp_path, "steps=4", "enable_checkpointing=false", *window)
+  _run(cfg)
+  assert _profiled(tmp_path / "smoke", first_step=1)[0] == [1, 2]
+  jax.profiler.start_trace(str(tmp_path / "next"))  # raises while a trace runs
+  jax.profiler.stop_trace()
