@@ -120,8 +120,7 @@ class Trainer:
     )
 
   def _init_state(self, rng: jax.Array) -> dict[str, Any]:
-    dummy = jnp.zeros((1, self.config.max_target_length), jnp.int32)
-    params = self.model.init(rng, dummy, dummy, dummy + 1)["params"]
+    params = model.init_params(self.config, rng)
     return {
       "step": jnp.zeros((), jnp.int32),
       "params": params,

@@ -388,6 +388,24 @@ def test_iota_embedding_gives_the_gathers_logits_and_gradients():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
+def test_unrolled_layers_start_from_the_scanned_parameters():
+  """`init_params` gives unrolled layers the scanned model's parameters, split per layer, bit
+  for bit (its init compiles as the scanned one does); the scanned ones are flax's own init."""
+  cfg, _, flax_init = _setup()
+  scanned = jax.jit(model.init_params, static_argnums=0)(cfg, jax.random.key(0))
+  unrolled_cfg = cfg.replace(scan_layers=False)
+  unrolled = jax.jit(model.init_params, static_argnums=0)(unrolled_cfg, jax.random.key(0))
+  _assert_layout(unrolled_cfg, unrolled)
+  for got, want in zip(jax.tree.leaves(scanned), jax.tree.leaves(flax_init), strict=True):
+    np.testing.assert_array_equal(got, want)
+  for key in scanned:
+    if key != "layers":
+      jax.tree.map(np.testing.assert_array_equal, unrolled[key], scanned[key])
+  for i in range(cfg.base_num_decoder_layers):
+    want = jax.tree.map(lambda a, i=i: a[i], scanned["layers"])
+    jax.tree.map(np.testing.assert_array_equal, unrolled[f"layers_{i}"], want)
+
+
 def test_unrolled_layers_compute_the_scanned_function():
   """scan_layers=false with the scanned parameters split per layer: the same loss and
   gradients (float32, 1e-5), one parameter set per layer, none stacked."""
