@@ -1,9 +1,10 @@
 """Where a training step's time goes on the device, for synthetic and for real data.
 
 Trains a few steps of the config on `dataset_type=synthetic` and then on `network_grain`
-(a store generated and prepared here), each under the JAX profiler, and prints per run: the
-median step time (the trainer's metrics), the device's busy time per step (the union of its
-op and stream events between the step program's first and last steady run), the XLA programs
+(a store generated and prepared here), each traced by the trainer's profiler window over the
+steps after the warm-up (`profiler: xplane`), and prints per run: the median step time (the
+trainer's metrics), the device's busy time per step (the union of its op and stream events
+between the step program's first and last steady run), the XLA programs
 and the kernels that took the most device time, and the device plane's lines as the profiler
 wrote them. What the profile analysis reads of each trace (`bench.profile.write_events`,
 `--steps` steps of it) goes to `--out` as `<run>.events.json.gz`. This is the measurement behind a
@@ -110,24 +111,28 @@ def main() -> None:
     ],
   )
   started = time.perf_counter()
-  store = accelerator_check.make_store(cfg, args.rows, work / "raw")
+  store = accelerator_check.make_store(cfg, args.rows, work / "raw", jax.device_count())
   print(f"store: {store['rows']:,} rows in {time.perf_counter() - started:.1f} s", flush=True)
   report = {}
   for number, kind in enumerate(args.kinds.split(",")):
     name = f"{number}_{kind}"
-    with bench_profile.trace(work / name / "profile", perfetto=False) as trace_dir:
-      summary = benchmark.train_and_read_metrics(
-        cfg, args.steps, work / "runs" / name, dataset_type=kind
-      )
-    xplane = bench_profile.find_xplane(trace_dir)
+    run_dir = work / "runs" / name
+    summary = benchmark.train_and_read_metrics(
+      cfg,
+      args.steps,
+      run_dir,
+      dataset_type=kind,
+      **benchmark.profiler_window(args.steps, perfetto=False),
+    )
+    xplane = bench_profile.find_xplane(run_dir / "profile")
     events = bench_profile.read_events(xplane)
     bench_profile.write_events(events, out / f"{name}.events.json.gz", steps=args.steps)
     entry = {"step_time": summary["step_time"], "data_wait": summary["data_wait"]}
     entry.update(device_summary(xplane))
     steps = max(summary["step_time"]["n"], 1)
-    entry["busy_ms_per_step"] = entry.get("busy_ms", 0) / (steps + WARMUP_STEPS)
+    entry["busy_ms_per_step"] = entry.get("busy_ms", 0) / steps  # the trace: those steps only
     try:
-      analyzed = bench_profile.analyze_events(events, "train_step", WARMUP_STEPS)
+      analyzed = bench_profile.analyze_events(events, "train_step", first_step=WARMUP_STEPS)
       entry["profile"] = {k: analyzed[k] for k in ("source", "module", "step_time_s", "idle_share")}
       entry["profile"]["steps"] = len(analyzed["steps"])
     except ValueError as e:
