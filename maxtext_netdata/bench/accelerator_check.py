@@ -178,7 +178,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     type=float,
     default=BUDGET_S,
     metavar="S",
-    help=f"time budget; the batch sweep stops before overrunning it (default {BUDGET_S:g})",
+    help=f"time budget: no part starts once it is spent (but the outputs), and the sweeps stop"
+    f" before overrunning it (default {BUDGET_S:g})",
   )
 
 
@@ -240,10 +241,17 @@ def run(args: argparse.Namespace) -> dict:
     report["elapsed_s"] = time.perf_counter() - started
     render.write_json(report, out / "report.json")
 
-  def part(name: str, measure: Callable[[], dict | list], needs: tuple[str, ...] = ()) -> None:
+  def part(
+    name: str, measure: Callable[[], dict | list], needs: tuple[str, ...] = (), always=False
+  ) -> None:
+    """Runs `measure` into report[name], unless a part it needs has no result, or the budget
+    is spent (`always`: a part that writes what the others measured)."""
     missing = [n for n in needs if report[n] is None]
     if missing:
       report["skipped"][name] = f"needs {', '.join(missing)}"
+    elif budget.left() <= 0 and not always:
+      over = -budget.left()
+      report["skipped"][name] = f"the {args.budget_s:g} s budget was spent ({over:.0f} s ago)"
     else:
       _progress(f"{name} ({budget.left():.0f} s of the budget left)")
       try:
@@ -299,7 +307,12 @@ def run(args: argparse.Namespace) -> dict:
   if report["bench"] is not None:
     report["loading"] = loading_by_workers(report["bench"])
   part("loading_threads", lambda: loading_by_threads(cfg, sizes), needs=("data",))
-  part("outputs", lambda: write_outputs(report["bench"], work / "bench", out), needs=("bench",))
+  part(
+    "outputs",
+    lambda: write_outputs(report["bench"], work / "bench", out),
+    needs=("bench",),
+    always=True,
+  )
   part(
     "synthetic_profile",
     lambda: profile_synthetic(cfg, work, out, peak, devices, PROFILE_STEPS),

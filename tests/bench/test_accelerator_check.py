@@ -149,6 +149,33 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   assert len(saved["steps"]) == accelerator_check.PROFILE_STEPS
 
 
+def test_no_part_starts_once_the_budget_is_spent(tmp_path):
+  """A budget shorter than the first part: that part runs, every later one is recorded as
+  skipped for the budget (or for a part it needs), and the table still ends the output, so a
+  check cut short by its budget ends before the machine's time limit kills it."""
+  result = subprocess.run(
+    [sys.executable, "-m", "maxtext_netdata.bench.accelerator_check", "--dry-run"]
+    + ["--work", str(tmp_path), "--budget-s", "1"],
+    cwd=REPO,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads((tmp_path / "report.json").read_text())
+  assert report["synthetic"]["step_time"]["median"] > 0 and report["errors"] == {}
+  spent = {name for name, why in report["skipped"].items() if "1 s budget was spent" in why}
+  later = {"synthetic_placed", "data", "synthetic_profile", "switch_sweep", "batch_sweep"}
+  assert later <= spent
+  assert report["skipped"]["network"] == report["skipped"]["bench"] == "needs data"
+  assert report["skipped"]["outputs"] == "needs bench"  # outputs run whatever the budget
+  assert report["bench"] is None and report["switch_sweep"] is None
+  lines = result.stdout.rstrip().splitlines()
+  assert lines[-1].startswith("elapsed")
+  assert any(line.startswith("batch_sweep skipped") and "budget" in line for line in lines)
+
+
 def test_a_bad_override_is_one_line_before_any_part(tmp_path):
   result = subprocess.run(
     [sys.executable, "-m", "maxtext_netdata.bench.accelerator_check", "--dry-run"]
