@@ -149,20 +149,24 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   assert len(saved["steps"]) == accelerator_check.PROFILE_STEPS
 
 
-def test_no_part_starts_once_the_budget_is_spent(tmp_path):
-  """A budget spent from the start: the synthetic reference runs all the same, every later
-  part is recorded as skipped for the budget (or for a part it needs), and the table still
-  ends the output, so a check cut short by its budget ends before the machine's time limit
-  kills it."""
-  result = subprocess.run(
-    [sys.executable, "-m", "maxtext_netdata.bench.accelerator_check", "--dry-run"]
-    + ["--work", str(tmp_path), "--budget-s", "0"],
+def _dry_run_module(*args: str) -> subprocess.CompletedProcess:
+  """`python -m maxtext_netdata.bench.accelerator_check --dry-run ARGS` on the CPU."""
+  return subprocess.run(
+    [sys.executable, "-m", "maxtext_netdata.bench.accelerator_check", "--dry-run", *args],
     cwd=REPO,
     env={**os.environ, "JAX_PLATFORMS": "cpu"},
     capture_output=True,
     text=True,
     timeout=300,
   )
+
+
+def test_no_part_starts_once_the_budget_is_spent(tmp_path):
+  """A budget spent from the start: the synthetic reference runs all the same, every later
+  part is recorded as skipped for the budget (or for a part it needs), and the table still
+  ends the output, so a check cut short by its budget ends before the machine's time limit
+  kills it."""
+  result = _dry_run_module("--work", str(tmp_path), "--budget-s", "0")
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads((tmp_path / "report.json").read_text())
   assert report["synthetic"]["step_time"]["median"] > 0 and report["errors"] == {}
@@ -178,15 +182,7 @@ def test_no_part_starts_once_the_budget_is_spent(tmp_path):
 
 
 def test_a_bad_override_is_one_line_before_any_part(tmp_path):
-  result = subprocess.run(
-    [sys.executable, "-m", "maxtext_netdata.bench.accelerator_check", "--dry-run"]
-    + ["--work", str(tmp_path), "bogus_key=1"],
-    cwd=REPO,
-    env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    capture_output=True,
-    text=True,
-    timeout=120,
-  )
+  result = _dry_run_module("--work", str(tmp_path), "bogus_key=1")
   assert result.returncode == 2, result.stderr[-2000:]
   assert result.stderr.strip().splitlines()[-1] == (
     "python -m maxtext_netdata.bench.accelerator_check: error: command line: unknown config"
