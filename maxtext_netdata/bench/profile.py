@@ -23,13 +23,11 @@ environment, and the analysis itself (interval unions over a few thousand events
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -65,17 +63,6 @@ _DEVICE_OP_LINES = ("XLA Ops",)
 _IDLE_MARKERS = ("ThreadpoolListener",)
 
 
-@contextlib.contextmanager
-def trace(log_dir: str | os.PathLike, perfetto: bool = True) -> Iterator[Path]:
-  """`jax.profiler.trace` into `log_dir` (with `perfetto`, Perfetto's trace too, which JAX
-  converts from the xplane at the end: a minute for a long GPU trace); yields the folder."""
-  import jax
-
-  log_dir = Path(log_dir)
-  with jax.profiler.trace(str(log_dir), create_perfetto_trace=perfetto):
-    yield log_dir
-
-
 def find_xplane(log_dir: str | os.PathLike) -> Path:
   """The newest `.xplane.pb` under `log_dir`.
 
@@ -88,15 +75,10 @@ def find_xplane(log_dir: str | os.PathLike) -> Path:
   return found[-1]
 
 
-def analyze(
-  xplane: str | os.PathLike,
-  step_module: str | None = None,
-  skip_steps: int = 0,
-  first_step: int = 0,
-) -> dict:
+def analyze(xplane: str | os.PathLike, step_module: str | None = None, first_step: int = 0) -> dict:
   """Idle share per step, the gaps and what the host did in them, from one trace file:
   `analyze_events(read_events(xplane), ...)`."""
-  return analyze_events(read_events(xplane), step_module, skip_steps, first_step)
+  return analyze_events(read_events(xplane), step_module, first_step)
 
 
 def read_events(xplane: str | os.PathLike) -> dict:
@@ -165,19 +147,13 @@ def _event_runs(events: dict) -> list[tuple[str, int, int]]:
   return runs_of_ops(events.get("ops") or [])
 
 
-def analyze_events(
-  events: dict,
-  step_module: str | None = None,
-  skip_steps: int = 0,
-  first_step: int = 0,
-) -> dict:
+def analyze_events(events: dict, step_module: str | None = None, first_step: int = 0) -> dict:
   """Idle share per step, the gaps and what the host did in them.
 
   Args:
     events: `read_events` of a trace (or `load_events` of a saved one).
     step_module: a substring of the XLA module name of the step (`train_step`); by default the
       module that ran twice or more with the most accelerator time.
-    skip_steps: leading steps left out (compilation, a first step still filling the queue).
     first_step: the training step of the trace's first run of the step (a profiler started
       late), for the step numbers of the report.
 
@@ -196,11 +172,11 @@ def analyze_events(
   python = events["python"]
   runs = _event_runs(events)
   module = _step_module(runs, step_module)
-  starts = sorted(start for name, start, _ in runs if name == module)[skip_steps:]
+  starts = sorted(start for name, start, _ in runs if name == module)
   if len(starts) < 2:
     raise ValueError(
-      f"{trace}: {len(starts)} runs of the step ({module or step_module}) after skipping"
-      f" {skip_steps}; need 2 or more (profile more steps)"
+      f"{trace}: {len(starts)} runs of the step ({module or step_module}); need 2 or more"
+      " (profile more steps)"
     )
   busy = _union([tuple(b) for b in events["busy"]], merge_ns=MERGE_S * 1e9)
   periods = list(zip(starts, starts[1:], strict=False))
@@ -210,7 +186,7 @@ def analyze_events(
   reads = [(a, b) for name, a, b in python if _READ_EVENT.search(name)]
 
   steps, gap_list = [], []
-  for number, (lo, hi) in enumerate(periods, start=first_step + skip_steps):
+  for number, (lo, hi) in enumerate(periods, start=first_step):
     idle = _complement(busy, lo, hi)
     step_gaps = []
     for a, b in idle:

@@ -36,7 +36,7 @@ def _run(tmp_path, *, loader_sleep=0.0, read_then_sleep=0.0) -> dict:
   batches = _batches(loader_sleep)
   x = jnp.ones((768, 768))
   jax.block_until_ready(_step(x + next(batches)))  # compiled before the trace
-  with profile.trace(tmp_path / "trace"):
+  with jax.profiler.trace(str(tmp_path / "trace")):
     for i in range(STEPS + 1):
       with jax.profiler.StepTraceAnnotation("train", step_num=i):
         batch = next(batches)
@@ -122,7 +122,7 @@ def test_saved_events_give_the_trace_s_analysis_and_a_window_of_it(tmp_path, ste
 
 
 def test_too_few_steps_is_a_clear_error(tmp_path):
-  with profile.trace(tmp_path / "trace"):
+  with jax.profiler.trace(str(tmp_path / "trace")):
     jax.block_until_ready(_step(jnp.ones((8, 8))))
   with pytest.raises(ValueError, match="1 runs of the step"):
     profile.analyze(profile.find_xplane(tmp_path / "trace"))
