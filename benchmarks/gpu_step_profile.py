@@ -30,6 +30,7 @@ from maxtext_netdata import config
 from maxtext_netdata.bench import accelerator_check, benchmark
 from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench.report import WARMUP_STEPS
+from maxtext_netdata.trainer.profiler import trace_dir
 
 
 def device_summary(xplane: Path, top: int = 12) -> dict:
@@ -124,7 +125,7 @@ def main() -> None:
       dataset_type=kind,
       **benchmark.profiler_window(args.steps, perfetto=False),
     )
-    xplane = bench_profile.find_xplane(run_dir / "profile")
+    xplane = bench_profile.find_xplane(trace_dir(run_dir))
     events = bench_profile.read_events(xplane)
     bench_profile.write_events(events, out / f"{name}.events.json.gz", steps=args.steps)
     entry = {"step_time": summary["step_time"], "data_wait": summary["data_wait"]}

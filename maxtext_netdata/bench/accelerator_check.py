@@ -82,6 +82,7 @@ from maxtext_netdata.config import Config, ConfigError
 from maxtext_netdata.distributed.mesh import make_mesh
 from maxtext_netdata.input_pipeline import interface
 from maxtext_netdata.trainer import model
+from maxtext_netdata.trainer.profiler import trace_dir
 
 DEFAULT_CONFIG = "configs/latency_network.yml"
 DEFAULT_WORK = "runs/accelerator_check"
@@ -416,7 +417,7 @@ def write_outputs(bench: dict, bench_dir: Path, out: Path) -> dict:
   of it, as `out/profile_events.json.gz` (`bench.profile.write_events`: a test fixture of this
   device's trace); None for what the profiler did not write."""
   plot = render.write_plot(bench, out / "report.png")
-  trace = _newest(bench_dir / "real" / "profile", "perfetto_trace.json.gz")
+  trace = _newest(trace_dir(bench_dir / "real"), "perfetto_trace.json.gz")
   xplane = (bench.get("profile") or {}).get("trace")
   events = None
   if xplane:

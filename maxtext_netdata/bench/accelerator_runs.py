@@ -25,6 +25,7 @@ from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.config import Config
 from maxtext_netdata.input_pipeline import interface, registry, synthetic
 from maxtext_netdata.trainer import model
+from maxtext_netdata.trainer.profiler import trace_dir
 
 # The dataset types of `measure_placed_synthetic` and `measure_fixed_network`, each registered
 # for its run only.
@@ -265,7 +266,7 @@ def profile_synthetic(cfg: Config, work: Path, out: Path, peak, devices: int, st
     dataset_type="synthetic",
     **benchmark.profiler_window(steps + 1, perfetto=False),
   )
-  events = bench_profile.read_events(bench_profile.find_xplane(run_dir / "profile"))
+  events = bench_profile.read_events(bench_profile.find_xplane(trace_dir(run_dir)))
   analyzed = bench_profile.analyze_events(events, "train_step", first_step=WARMUP_STEPS)
   path = out / "synthetic_profile_events.json.gz"
   bench_profile.write_events(events, path, steps=steps)

@@ -32,6 +32,7 @@ from maxtext_netdata.config import Config
 from maxtext_netdata.distributed import mesh
 from maxtext_netdata.errors import ConfigError
 from maxtext_netdata.input_pipeline import batch_kernel_loading
+from maxtext_netdata.trainer.profiler import trace_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,7 +154,7 @@ def measure(cfg: Config, args: argparse.Namespace, sweep: list[int], out_dir: Pa
         cfg, args.steps, out_dir / "real", **profiler_window(args.steps, perfetto=True)
       )
       profile = bench_profile.read(
-        out_dir / "real" / "profile", step_module="train_step", first_step=WARMUP_STEPS
+        trace_dir(out_dir / "real"), step_module="train_step", first_step=WARMUP_STEPS
       )
     else:
       real = train_and_read_metrics(cfg, args.steps, out_dir / "real")

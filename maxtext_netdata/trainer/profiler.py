@@ -19,12 +19,17 @@ import jax
 from maxtext_netdata.config import Config
 
 
+def trace_dir(run_dir: str | Path) -> Path:
+  """Where `profiler: xplane` writes a run's trace: `<run_dir>/profile`."""
+  return Path(run_dir) / "profile"
+
+
 class Profiler:
   """Starts the trace before step `start_step + skip_first_n_steps_for_profiler` and stops it
   after `profiler_steps` steps, or at `close` when the run ends first."""
 
   def __init__(self, config: Config, start_step: int):
-    self.directory = Path(config.run_dir) / "profile"
+    self.directory = trace_dir(config.run_dir)
     self.first = start_step + config.skip_first_n_steps_for_profiler if config.profiler else None
     self.last = None if self.first is None else self.first + config.profiler_steps - 1
     self.perfetto = config.profiler_perfetto
