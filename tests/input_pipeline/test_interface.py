@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import jax
 import numpy as np
@@ -16,8 +18,9 @@ from maxtext_netdata.data.prepare import prepare
 from maxtext_netdata.distributed import mesh as mesh_lib
 from maxtext_netdata.errors import ConfigError
 from maxtext_netdata.format import tokenizer
-from maxtext_netdata.input_pipeline import create_data_iterator
+from maxtext_netdata.input_pipeline import create_data_iterator, interface
 from maxtext_netdata.input_pipeline.batches_cli import digest
+from maxtext_netdata.input_pipeline.interface import DataIterator
 from maxtext_netdata.input_pipeline.sequences import KEYS
 from tests.helpers import pipeline
 
@@ -84,6 +87,8 @@ def test_batches_placed_ahead_are_the_same_batches_at_the_same_positions(overrid
   try:
     want = _digests_and_positions(plain, 6)
     assert [position for _, position in want] == [1, 2, 3, 4, 5, 6]
+    placed.start_prefetch()  # the placing thread runs ahead; the position stays at 0
+    assert placed.get_state()["step"] == 0
     got = _digests_and_positions(placed, 2)
     position = placed.get_state()
     got += _digests_and_positions(placed, 2)
@@ -93,6 +98,121 @@ def test_batches_placed_ahead_are_the_same_batches_at_the_same_positions(overrid
     plain.close()
     placed.close()
   assert got == want[:4] + want[2:]
+
+
+class _HostBatches:
+  """Copies of one host batch, recording the thread of each `next`; `fail_at`: the batch
+  whose `next` raises; `gate`: an event each `next` waits for (a slow worker), which `close`
+  sets, as a real iterator's close wakes what waits on its workers."""
+
+  def __init__(self, host: dict, fail_at: int | None = None, gate=None):
+    self.host, self.fail_at, self.gate = host, fail_at, gate
+    self.count, self.threads, self.closed = 0, [], False
+
+  def __next__(self) -> dict:
+    self.threads.append(threading.current_thread().name)
+    if self.gate is not None:
+      self.gate.wait()
+    if self.closed:
+      raise RuntimeError("next after close")
+    if self.count == self.fail_at:
+      raise ValueError(f"store.parquet: row {self.count} is bad")
+    self.count += 1
+    return {key: value.copy() for key, value in self.host.items()}
+
+  def get_state(self) -> dict:
+    return {"count": self.count}
+
+  def set_state(self, state: dict) -> None:
+    self.count = state["count"]
+
+  def start_prefetch(self) -> None:
+    pass
+
+  def close(self) -> None:
+    self.closed = True
+    if self.gate is not None:
+      self.gate.set()
+
+
+def _placing_threads() -> list[threading.Thread]:
+  return [t for t in threading.enumerate() if t.name == "device-prefetch"]
+
+
+def _data_iterator(overrides, ahead: int, **kwargs) -> tuple[DataIterator, _HostBatches]:
+  config = config_lib.load(None, [*overrides, "dataset_type=synthetic"])
+  local, where = interface.synthetic_host_rows(config, mesh_lib.make_mesh(config))
+  host = _HostBatches(local, **kwargs)
+  return DataIterator(host, where.sharding, where.global_rows, ahead), host
+
+
+@pytest.mark.parametrize("ahead", [0, 2])
+def test_batches_are_loaded_and_placed_off_the_loops_thread_when_placed_ahead(overrides, ahead):
+  """With `device_prefetch` > 0 the training loop's `next` only takes a placed batch: the
+  loading and placing run on the placing thread, at most `ahead` + 1 batches past the one
+  handed out; with 0, in `next`."""
+  data, host = _data_iterator(overrides, ahead)
+  try:
+    data.start_prefetch()
+    deadline = time.monotonic() + 30
+    while ahead and host.count < ahead + 1 and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert host.count == (ahead + 1 if ahead else 0)
+    assert data.get_state() == {"count": 0}  # none handed out yet
+    batches = [next(data) for _ in range(3)]
+    assert all(isinstance(value, jax.Array) for value in batches[-1].values())
+    while ahead and host.count < 3 + ahead + 1 and time.monotonic() < deadline:
+      time.sleep(0.01)
+    time.sleep(0.2)  # no more than that is loaded
+    assert host.count == (3 + ahead + 1 if ahead else 3)
+    assert set(host.threads) == {"device-prefetch" if ahead else "MainThread"}
+    assert data.get_state() == {"count": 3}
+  finally:
+    data.close()
+  assert _placing_threads() == [] and host.closed
+
+
+def test_a_loading_error_is_raised_by_the_next_that_takes_its_batch(overrides):
+  """An error on the placing thread comes out of the loop's `next` as it was raised, after
+  the batches before it, and ends the iterator; close leaves no thread."""
+  data, _ = _data_iterator(overrides, 2, fail_at=2)
+  try:
+    assert data.get_state() == {"count": 0}
+    next(data), next(data)
+    with pytest.raises(ValueError, match=r"^store\.parquet: row 2 is bad$"):
+      next(data)
+    with pytest.raises(StopIteration):
+      next(data)
+  finally:
+    data.close()
+  assert _placing_threads() == []
+
+
+def test_close_stops_a_placing_thread_that_waits_on_its_loader(overrides):
+  """A thread inside a slow `next` of the local iterator (a worker that takes its time) is
+  woken by closing the local iterator, so close returns and leaves no thread; set_state
+  stops a thread that waits on a full queue and starts again from the new position."""
+  gate = threading.Event()
+  data, host = _data_iterator(overrides, 1, gate=gate)
+  data.start_prefetch()
+  deadline = time.monotonic() + 30
+  while not host.threads and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert host.threads == ["device-prefetch"] and host.count == 0
+  closing = time.monotonic()
+  data.close()
+  # Not a speed figure: close must not wait out JOIN_TIMEOUT_S for a thread it can wake.
+  assert time.monotonic() - closing < DataIterator.JOIN_TIMEOUT_S / 2
+  assert _placing_threads() == [] and host.closed
+  data, host = _data_iterator(overrides, 1)
+  try:
+    next(data)
+    while host.count < 3 and time.monotonic() < deadline:  # one queued, one in hand
+      time.sleep(0.01)
+    data.set_state({"count": 1})
+    assert _placing_threads() == [] and data.get_state() == {"count": 1}
+  finally:
+    data.close()
 
 
 def _cli_digests(overrides, steps: int) -> list[str]:
@@ -163,7 +283,7 @@ def test_batch_is_sharded_over_four_devices(overrides):
       from maxtext_netdata import config as config_lib
       from maxtext_netdata.distributed import mesh as mesh_lib
       from maxtext_netdata.errors import ConfigError
-      from maxtext_netdata.input_pipeline import create_data_iterator
+      from maxtext_netdata.input_pipeline import create_data_iterator, interface
       overrides = {overrides!r}
       config = config_lib.load(None, overrides + ["global_batch_size_to_load=-1",
                                                   "per_device_batch_size=2"])
