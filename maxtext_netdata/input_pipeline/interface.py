@@ -9,6 +9,7 @@ joins them.
 
 from __future__ import annotations
 
+import collections
 import math
 import queue
 import threading
@@ -60,30 +61,44 @@ class DataIterator:
   `start_prefetch()` (call it after restoring a position, while the model compiles) or at the
   first batch; `close` ends them.
 
-  With `ahead` (`device_prefetch`) > 0 a placing thread takes the host batches from the local
-  iterator and places them on the devices, keeping up to `ahead` placed batches queued (and
-  one more in hand) before the step that takes them: a batch's host-to-device copy then has
-  `ahead` steps of time to finish, the step never waits for it, and the training loop's
-  `next` only takes a placed batch from the queue. Why a thread: on an H200 placing a batch's
-  six arrays took 0.5-1.0 ms of the loop's host time (1.1-1.4% of a 74 ms step) when it was
-  done in `next` (docs/performance.md); the thread does it while the loop waits for the
-  device. Errors of loading or placing are raised by the `next` that would have returned the
-  batch, as they were raised. With `ahead=0` each batch is loaded and placed in `next`, on
-  the caller's thread. The position is that after the last batch handed out, not after the
-  last one placed, so a checkpoint resumes exactly; `set_state` and `close` stop the thread
-  and drop what it placed.
+  `ahead` (`device_prefetch`) global batches are on the devices before the step that takes
+  them: a batch's host-to-device copy then has `ahead` steps of time to finish, so the step
+  never waits for it and the host may queue the next step while this one runs. The position
+  is that after the last batch handed out, not after the last one placed, so a checkpoint
+  resumes exactly; `set_state` and `close` drop what was placed past it.
+
+  Where the batches go to an accelerator (`thread`; default: any backend but the CPU), a
+  placing thread loads and places them, keeping up to `ahead` placed batches queued and one
+  more in hand, and the training loop's `next` only takes a placed batch from the queue. Why
+  a thread: on an H200 placing a batch's six arrays took 0.5-1.0 ms of the loop's host time
+  (1.1-1.4% of a 74 ms step) when `next` did it (docs/performance.md); the thread does it
+  while the loop waits for the device. Errors of loading or placing are raised by the `next`
+  that would have returned the batch, as they were raised. On the CPU backend the step's own
+  threads fill the cores: there a placing thread only contends with them for the cores and
+  with the loop for the GIL (measured on 2 cores: 0.5-0.7% of the step waited, against 0.03%
+  in `next`), so `next` loads and places, each batch right after the step `ahead` earlier was
+  handed its batch (the pattern of flax's `prefetch_to_device`, without its thread).
   """
 
   # How long `close`/`set_state` wait for the placing thread to finish the batch in hand.
   JOIN_TIMEOUT_S = 60.0
 
   def __init__(
-    self, local_iterator, sharding: jax.sharding.Sharding, global_rows: int, ahead: int = 0
+    self,
+    local_iterator,
+    sharding: jax.sharding.Sharding,
+    global_rows: int,
+    ahead: int = 0,
+    thread: bool | None = None,
   ):
     self.local_iterator = local_iterator
     self._sharding = sharding
     self._global_rows = global_rows
     self._ahead = ahead
+    if thread is None:
+      thread = jax.default_backend() != "cpu"
+    self._threaded = bool(ahead) and thread
+    self._placed: collections.deque = collections.deque()  # (batch, position after it)
     self._position = None  # after the last batch handed out; None: the local iterator's
     self._queue: queue.Queue | None = None
     self._thread: threading.Thread | None = None
@@ -99,12 +114,8 @@ class DataIterator:
   def __next__(self) -> dict[str, jax.Array]:
     if self._ended:
       raise StopIteration
-    if not self._ahead:
-      try:
-        return self._place_next()
-      except StopIteration:
-        self._ended = True
-        raise
+    if not self._threaded:
+      return self._next_in_line()
     if self._thread is None:
       self._start_thread()
     item = self._queue.get()
@@ -115,6 +126,20 @@ class DataIterator:
       self._ended = True
       raise item.error
     batch, self._position = item
+    return batch
+
+  def _next_in_line(self) -> dict[str, jax.Array]:
+    """Loads and places batches until `ahead` are placed past the one handed out."""
+    while len(self._placed) <= self._ahead:
+      try:
+        batch = self._place_next()
+      except StopIteration:
+        break
+      self._placed.append((batch, self.local_iterator.get_state() if self._ahead else None))
+    if not self._placed:
+      self._ended = True
+      raise StopIteration
+    batch, self._position = self._placed.popleft()
     return batch
 
   def _start_thread(self) -> None:
@@ -169,7 +194,7 @@ class DataIterator:
   def start_prefetch(self) -> None:
     """Starts the local iterator's read-ahead, and the placing thread (`ahead` > 0)."""
     self.local_iterator.start_prefetch()
-    if self._ahead and self._thread is None and not self._ended:
+    if self._threaded and self._thread is None and not self._ended:
       self._start_thread()
 
   def get_state(self) -> dict:
@@ -177,12 +202,14 @@ class DataIterator:
 
   def set_state(self, state: dict) -> None:
     self._stop_thread()
+    self._placed.clear()
     self.local_iterator.set_state(state)
     self._position = None
     self._ended = False
 
   def close(self) -> None:
     self._ended = True
+    self._placed.clear()
     self._stop_thread(close_local=True)
 
 

@@ -72,11 +72,12 @@ def _digests_and_positions(iterator, count: int) -> list[tuple[str, int]]:
   ]
 
 
-@pytest.mark.parametrize("ahead", [1, 3])
-def test_batches_placed_ahead_are_the_same_batches_at_the_same_positions(overrides, ahead):
+@pytest.mark.parametrize("ahead,thread", [(1, False), (3, False), (1, True), (3, True)])
+def test_batches_placed_ahead_are_the_same_batches_at_the_same_positions(overrides, ahead, thread):
   """`device_prefetch` changes when a batch is placed, never which batch comes or the position
   a checkpoint saves: after k batches the position is k, and a restore there (also in an
-  iterator that placed batches past it) continues with batch k + 1."""
+  iterator that placed batches past it) continues with batch k + 1; placed in `next` or by
+  the placing thread."""
   config = config_lib.load(None, [*overrides, "device_prefetch=0"])
   mesh = mesh_lib.make_mesh(config)
   plain, evaluation = create_data_iterator(config, mesh)
@@ -84,6 +85,8 @@ def test_batches_placed_ahead_are_the_same_batches_at_the_same_positions(overrid
   ahead_config = config.replace(device_prefetch=ahead)
   placed, evaluation = create_data_iterator(ahead_config, mesh)
   evaluation.close()
+  where = interface.host_slice(ahead_config, mesh)
+  placed = DataIterator(placed.local_iterator, where.sharding, where.global_rows, ahead, thread)
   try:
     want = _digests_and_positions(plain, 6)
     assert [position for _, position in want] == [1, 2, 3, 4, 5, 6]
@@ -139,33 +142,65 @@ def _placing_threads() -> list[threading.Thread]:
   return [t for t in threading.enumerate() if t.name == "device-prefetch"]
 
 
-def _data_iterator(overrides, ahead: int, **kwargs) -> tuple[DataIterator, _HostBatches]:
+def _data_iterator(
+  overrides, ahead: int, thread: bool = True, **kwargs
+) -> tuple[DataIterator, _HostBatches]:
   config = config_lib.load(None, [*overrides, "dataset_type=synthetic"])
   local, where = interface.synthetic_host_rows(config, mesh_lib.make_mesh(config))
   host = _HostBatches(local, **kwargs)
-  return DataIterator(host, where.sharding, where.global_rows, ahead), host
+  return DataIterator(host, where.sharding, where.global_rows, ahead, thread), host
 
 
-@pytest.mark.parametrize("ahead", [0, 2])
-def test_batches_are_loaded_and_placed_off_the_loops_thread_when_placed_ahead(overrides, ahead):
-  """With `device_prefetch` > 0 the training loop's `next` only takes a placed batch: the
-  loading and placing run on the placing thread, at most `ahead` + 1 batches past the one
-  handed out; with 0, in `next`."""
-  data, host = _data_iterator(overrides, ahead)
+def test_on_the_cpu_backend_batches_are_placed_in_next_by_default(overrides):
+  """The default `device_prefetch` (2) on the CPU backend, where the step's own threads fill
+  the cores: `next` loads and places, no placing thread runs."""
+  config = config_lib.load(None, overrides)
+  assert config.device_prefetch == 2 and jax.default_backend() == "cpu"
+  train, evaluation = create_data_iterator(config, mesh_lib.make_mesh(config))
+  evaluation.close()
+  seen = []
+  local = train.local_iterator
+
+  class Recording:
+    def __next__(self):
+      seen.append(threading.current_thread().name)
+      return next(local)
+
+    def __getattr__(self, name):
+      return getattr(local, name)
+
+  train.local_iterator = Recording()
+  try:
+    train.start_prefetch()
+    [next(train) for _ in range(2)]
+    assert _placing_threads() == [] and set(seen) == {"MainThread"} and len(seen) == 2 + 2
+  finally:
+    train.close()
+
+
+@pytest.mark.parametrize(
+  "ahead,thread,loader,loaded",
+  [(0, True, "MainThread", 3), (2, False, "MainThread", 3 + 2), (2, True, "device-prefetch", 6)],
+)
+def test_where_batches_are_loaded_and_placed(overrides, ahead, thread, loader, loaded):
+  """With a placing thread the training loop's `next` only takes a placed batch: loading and
+  placing run on that thread, at most `ahead` + 1 batches past the one handed out; without
+  it, in `next`, `ahead` past it. Either way the position is that of the batches handed out."""
+  data, host = _data_iterator(overrides, ahead, thread)
   try:
     data.start_prefetch()
     deadline = time.monotonic() + 30
-    while ahead and host.count < ahead + 1 and time.monotonic() < deadline:
+    while loader != "MainThread" and host.count < ahead + 1 and time.monotonic() < deadline:
       time.sleep(0.01)
-    assert host.count == (ahead + 1 if ahead else 0)
+    assert host.count == (ahead + 1 if loader != "MainThread" else 0)
     assert data.get_state() == {"count": 0}  # none handed out yet
     batches = [next(data) for _ in range(3)]
     assert all(isinstance(value, jax.Array) for value in batches[-1].values())
-    while ahead and host.count < 3 + ahead + 1 and time.monotonic() < deadline:
+    while host.count < loaded and time.monotonic() < deadline:
       time.sleep(0.01)
     time.sleep(0.2)  # no more than that is loaded
-    assert host.count == (3 + ahead + 1 if ahead else 3)
-    assert set(host.threads) == {"device-prefetch" if ahead else "MainThread"}
+    assert host.count == loaded
+    assert set(host.threads) == {loader}
     assert data.get_state() == {"count": 3}
   finally:
     data.close()
