@@ -6,7 +6,8 @@ tiny model and tiny sizes. The parts, in order:
 
 1. environment: package versions, the devices, the chip's bf16 peak, host cores and memory;
 2. synthetic: the configured model on `dataset_type=synthetic` (when its step fails, once
-   more with `FALLBACK`, and the parts after measure that): the first step (compile included), the median step, tokens/s and MFU counting the configured token slots
+   more with `FALLBACK`, and the parts after measure that): the first step (compile
+   included), the median step, tokens/s and MFU counting the configured token slots
    (MaxText's figure, padding included) and real tokens (the trainer's), device memory;
 3. placed: the synthetic batch again, but placed on the devices anew every step the way
    `network_grain`'s batches are (`device_prefetch` ahead): with the network run below, it
@@ -21,17 +22,23 @@ tiny model and tiny sizes. The parts, in order:
    every step (`real batch fixed`), as the synthetic batch is: what the real data's values
    cost the device, and the same with the other embedding lookup (`use_iota_embed` flipped:
    the gradient a scatter-add, whose time depends on the tokens, or a matmul);
-6. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
+6. attention: one layer's attention, forward and backward, by each kernel on the real batch's
+   segments (`bench.attention_kernels`): time, and the error against the float32 reference,
+   which is how cuDNN's packed layout (`cudnn_packed`) is shown exact on the device; then
+   the real batch fixed once more with `attention=cudnn_packed` (GPU mode only);
+7. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
    idle share and gaps, the real-data step's device time by kernel class, and loading alone
    (real tokens/s) per `grain_worker_count`; then the synthetic step under the profiler, its
    device time beside the real one's;
-7. switch sweep: the configured batch on synthetic data with each switch of the mode (fused
-   projections, what each block keeps for the backward pass, XLA's attention, unrolled
-   layers), the MFU of each and the fastest; a switch that fails (out of memory) is recorded
-   and the next one runs;
-8. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
+8. switch sweep: the configured batch on synthetic data with each switch of the mode (cuDNN's
+   packed attention, what each block keeps for the backward pass, scanned layers, fused
+   projections), the MFU of each and the fastest; a switch that fails (out of memory) is
+   recorded and the next one runs;
+9. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
    fastest switches, the MFU of each and the best; it stops at the first size that fails (out
-   of memory) and before a size whose compile would overrun the time budget.
+   of memory) and before a size whose compile would overrun the time budget;
+10. in-process loading alone per `grain_num_threads` (real tokens/s a core), last: measured
+   alike on both GPU hosts so far.
 
 The machine is lent for minutes, so a part that fails is recorded with its error and the next
 one runs, and report.json is rewritten after every part. Compiled programs are cached on disk
@@ -55,11 +62,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
+import numpy as np
 
 from maxtext_netdata import config
 from maxtext_netdata.bench import (
   accelerator_report,
   accelerators,
+  attention_kernels,
   benchmark,
   flops,
   loading,
@@ -70,6 +79,7 @@ from maxtext_netdata.bench.accelerator_runs import (
   Budget,
   Sizes,
   error_line,
+  fixed_network,
   measure_fixed_network,
   measure_placed_synthetic,
   measure_training,
@@ -111,11 +121,13 @@ ACCELERATOR = Sizes(
   # (network_fixed_embed): on the synthetic batch's uniform tokens the scatter-add it replaces
   # costs next to nothing.
   switches=(
+    {"attention": "cudnn_packed"},  # not measured yet: cuDNN without the mask bias
     {"remat_policy": "minimal"},
     {"scan_layers": True},
     {"remat_policy": "none"},
     {"fused_qkv": True, "fused_mlp": True},  # 0.96x on an H200
   ),
+  packed_attention=True,
 )
 # The configuration the check falls back to when the configured step fails: XLA's attention
 # and every block recomputed, the least memory.
@@ -224,6 +236,8 @@ def run(args: argparse.Namespace) -> dict:
     "network_on_demand": None,
     "network_fixed": None,
     "network_fixed_embed": None,
+    "attention_kernels": None,
+    "network_fixed_packed": None,
     "bench": None,
     "loading": None,
     "loading_threads": None,
@@ -305,10 +319,16 @@ def run(args: argparse.Namespace) -> dict:
     ),
     needs=("data",),
   )
+  part("attention_kernels", lambda: attention_on_a_real_batch(cfg), needs=("data",))
+  if sizes.packed_attention:
+    part(
+      "network_fixed_packed",
+      against_synthetic("network_fixed_packed", measure_fixed_network, attention="cudnn_packed"),
+      needs=("data",),
+    )
   part("bench", lambda: run_bench(cfg, args, sizes, env, work / "bench"), needs=("data",))
   if report["bench"] is not None:
     report["loading"] = loading_by_workers(report["bench"])
-  part("loading_threads", lambda: loading_by_threads(cfg, sizes), needs=("data",))
   part(
     "outputs",
     lambda: write_outputs(report["bench"], work / "bench", out),
@@ -333,9 +353,17 @@ def run(args: argparse.Namespace) -> dict:
     ),
     needs=("synthetic",),
   )
+  part("loading_threads", lambda: loading_by_threads(cfg, sizes), needs=("data",))
   save()
   print(accelerator_report.format_table(report), flush=True)
   return report
+
+
+def attention_on_a_real_batch(cfg: Config) -> dict:
+  """`attention_kernels.compare` on the segments of the first `network_grain` batch."""
+  iterator, _ = fixed_network(cfg, make_mesh(cfg))
+  segmentation = np.asarray(next(iterator)["inputs_segmentation"])
+  return attention_kernels.compare(cfg, segmentation)
 
 
 def model_figures(cfg: Config, devices: int) -> dict:

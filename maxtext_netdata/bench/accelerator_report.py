@@ -97,6 +97,7 @@ def format_table(report: dict) -> str:
     ("network_on_demand", "placed on demand", "network"),
     ("network_fixed", "real batch fixed", "fixed"),
     ("network_fixed_embed", "fixed, {} embed", "fixed"),
+    ("network_fixed_packed", "fixed, packed attention", "fixed"),
   )
   for key, label, name in runs:
     run = report.get(key)
@@ -112,6 +113,8 @@ def format_table(report: dict) -> str:
           f" MFU real tokens {share(run['mfu_real_tokens'])}",
         )
       )
+  if report.get("attention_kernels"):
+    rows.append(("attention", _attention_row(report["attention_kernels"])))
   bench = report["bench"]
   if bench:
     rows.append(("verdict", bench["verdict"]["kind"]))
@@ -197,6 +200,27 @@ def _device_time_row(profile: dict) -> str:
   return (
     f"per step {classes}; kernels {device['kernels_s'] * 1e3:.1f} ms of a"
     f" {profile['step_time_s'] * 1e3:.1f} ms step; top: {top}"
+  )
+
+
+def _attention_row(compared: dict) -> str:
+  """One layer's attention forward and backward per kernel: time, speed against the
+  reference kernel, largest error of the output and gradients; failed kernels last."""
+  runs = compared["runs_per_row"]
+  parts = []
+  for name, kernel in compared["kernels"].items():
+    if "error" in kernel:
+      parts.append(f"{name} failed")
+      continue
+    speedup = compared["speedup"].get(name)
+    parts.append(
+      f"{name} {ms(kernel['seconds'])}"
+      + (f" ({speedup:.2f}x)" if speedup else "")
+      + f" err {max(kernel['max_abs_error'].values()):.2g}"
+    )
+  return (
+    f"1 layer fwd+bwd on a real batch ({runs['max']} runs a row at most, {runs['mean']:.1f}"
+    f" mean; x against {compared['speedup_over']}): " + ", ".join(parts)
   )
 
 

@@ -46,6 +46,7 @@ class Sizes(NamedTuple):
   sweep_steps: int  # measured steps per swept batch size
   overrides: tuple[str, ...]  # config overrides of the mode
   switches: tuple[dict[str, object], ...] = ()  # config changes tried against the configured run
+  packed_attention: bool = False  # run the real batch with attention=cudnn_packed (a GPU's)
 
 
 class Budget:

@@ -20,6 +20,15 @@ AND same segment, exactly (docs/training.md, "Attention"):
   (NVIDIA GPUs, bfloat16/float16 activations only). It takes no segment ids, so the
   same-segment mask goes in as `mask`, which JAX hands to cuDNN as an additive bias, and
   `is_causal=True` lets the kernel skip the tiles above the diagonal;
+- `cudnn_packed`: cuDNN's fused kernel in its packed layout (JAX's private
+  `jax._src.cudnn.fused_attention_stablehlo.dot_product_attention` with segment lengths and
+  offsets, NVIDIA Hopper or later): each run of equal segment ids, padding's included, is a
+  sequence of its own, so there is no [b, 1, T, T] bias to read and the kernel skips the
+  tiles between segments as well as those above the diagonal (`packed_segments`). Exact for
+  rows whose segments are contiguous runs, the pipeline's rows (docs/spec.md, "Filling"):
+  a test compares the mask the runs imply with `attention_mask` on generated batches;
+  `max_segments_per_seq` (MaxText's key) bounds the runs per row (0: as many as a row can
+  hold), and a batch with a row of more runs takes `cudnn` for that step instead;
 - `einsum`: the plain einsum + softmax over a dense causal-and-segment mask, the reference
   the others are tested against.
 
@@ -49,12 +58,15 @@ so a checkpoint restores only under the setting it was saved with.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
 from maxtext_netdata.config import Config
+from maxtext_netdata.format.tokens import SHORTEST_MEASUREMENT
 
 _ROPE_MAX_TIMESCALE = 10_000.0
 
@@ -126,17 +138,87 @@ def einsum_attention(
   return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
 
 
-def attend(
-  query: jax.Array, key: jax.Array, value: jax.Array, mask: jax.Array, kernel: str
+class PackedSegments(NamedTuple):
+  """A batch's rows as cuDNN's packed layout takes them: each run of equal segment ids (the
+  padding at a row's end a run of its own) one sequence. `seqlen` [b, M] the runs' lengths,
+  `offsets` [b, M + 1] their first positions, -1 past a row's last run (the layout of JAX's
+  `q_seqlen`/`q_offsets`); `fits`: every row has at most M runs; `mask`: the same-segment
+  mask for the batches that do not fit, None when M is as many runs as a row can hold."""
+
+  seqlen: jax.Array
+  offsets: jax.Array
+  fits: jax.Array
+  mask: jax.Array | None
+
+
+def max_segments(length: int, max_segments_per_seq: int = 0) -> int:
+  """Runs per row of `cudnn_packed` for rows of `length`: `max_segments_per_seq`, or when 0
+  as many as a row can hold: one per shortest measurement, and the padding after them."""
+  if max_segments_per_seq:
+    return max_segments_per_seq
+  return length // min(SHORTEST_MEASUREMENT.values()) + 1
+
+
+def packed_segments(segmentation: jax.Array, max_runs: int, bounded: bool) -> PackedSegments:
+  """The runs of equal ids of `segmentation` [b, T] in cuDNN's packed layout, at most
+  `max_runs` a row (`bounded`: no row can have more, so no fallback mask is built)."""
+  rows = segmentation.shape[0]
+  starts = jnp.concatenate(
+    [jnp.ones((rows, 1), jnp.bool_), segmentation[:, 1:] != segmentation[:, :-1]], axis=1
+  )
+  run = jnp.cumsum(starts, axis=1, dtype=jnp.int32) - 1  # [b, T]: the run of each position
+  runs = run[:, -1] + 1
+  slots = jnp.arange(max_runs, dtype=jnp.int32)
+  lengths = (run[:, :, None] == slots).sum(axis=1, dtype=jnp.int32)  # [b, M]
+  present = slots[None] < runs[:, None]
+  seqlen = jnp.where(present, lengths, -1)
+  offsets = jnp.where(present, jnp.cumsum(lengths, axis=1) - lengths, -1)
+  offsets = jnp.concatenate([offsets, jnp.full((rows, 1), -1, jnp.int32)], axis=1)
+  mask = None if bounded else segment_mask(segmentation)
+  return PackedSegments(seqlen, offsets, jnp.all(runs <= max_runs), mask)
+
+
+def packed_attention(
+  query: jax.Array, key: jax.Array, value: jax.Array, packed: PackedSegments
 ) -> jax.Array:
+  """Causal attention within each run of `packed` by cuDNN's packed layout; a batch that does
+  not fit (`packed.fits` false) takes `cudnn` with the same-segment mask for that step."""
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn  # noqa: PLC0415 (GPU only)
+
+  def packed_kernel(query, key, value):
+    return cudnn.dot_product_attention(
+      query,
+      key,
+      value,
+      q_seqlen=packed.seqlen,
+      kv_seqlen=packed.seqlen,
+      q_offsets=packed.offsets,
+      kv_offsets=packed.offsets,
+      scale=query.shape[-1] ** -0.5,
+      mask_type=cudnn.MaskType.PADDING_CAUSAL,
+      qkv_layout="BTNH",
+    )
+
+  if packed.mask is None:
+    return packed_kernel(query, key, value)
+
+  def masked_kernel(query, key, value):
+    return attend(query, key, value, packed.mask, "cudnn")
+
+  return jax.lax.cond(packed.fits, packed_kernel, masked_kernel, query, key, value)
+
+
+def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask, kernel: str) -> jax.Array:
   """Causal attention within segments by `kernel` (the `attention` key).
 
-  `mask` is `attention_mask(...)` for `einsum`, `segment_mask(...)` for the others, which add
-  causality with `is_causal=True`. Grouped-query heads go to `jax.nn.dot_product_attention`
-  as they are (it groups them itself).
+  `mask` is what `kernel_mask` builds: `attention_mask(...)` for `einsum`, `PackedSegments`
+  for `cudnn_packed`, `segment_mask(...)` for the others, which add causality with
+  `is_causal=True`. Grouped-query heads go to the kernels as they are (they group them).
   """
   if kernel == "einsum":
     return einsum_attention(query, key, value, mask)
+  if kernel == "cudnn_packed":
+    return packed_attention(query, key, value, mask)
 
   def call(implementation: str | None) -> jax.Array:
     return jax.nn.dot_product_attention(
@@ -191,9 +273,14 @@ def attention_used(cfg: Config) -> str:
   return "cudnn"
 
 
-def kernel_mask(segmentation: jax.Array, kernel: str) -> jax.Array:
+def kernel_mask(segmentation: jax.Array, kernel: str, max_segments_per_seq: int = 0):
   """The mask `attend` takes for `kernel`, built once per batch and shared by every layer."""
-  return attention_mask(segmentation) if kernel == "einsum" else segment_mask(segmentation)
+  if kernel == "einsum":
+    return attention_mask(segmentation)
+  if kernel == "cudnn_packed":
+    runs = max_segments(segmentation.shape[-1], max_segments_per_seq)
+    return packed_segments(segmentation, runs, bounded=not max_segments_per_seq)
+  return segment_mask(segmentation)
 
 
 class Attention(nn.Module):
@@ -306,7 +393,7 @@ class Transformer(nn.Module):
       x = jnp.dot(one_hot, embed.embedding.astype(dtype))
     else:
       x = embed(inputs)
-    mask = kernel_mask(segmentation, cfg.attention)
+    mask = kernel_mask(segmentation, cfg.attention, cfg.max_segments_per_seq)
     block = remat(DecoderLayer, cfg.remat_policy)
     if cfg.scan_layers:  # one scanned block, its parameters stacked on a leading layer axis
       layers = nn.scan(

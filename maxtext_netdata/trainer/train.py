@@ -50,11 +50,11 @@ def check_config(config: Config, mesh: jax.sharding.Mesh) -> int:
     model.check_model_config(config)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if config.attention == "cudnn" and not model.cudnn_may_run(config.dtype):
+  if config.attention in ("cudnn", "cudnn_packed") and not model.cudnn_may_run(config.dtype):
     raise ConfigError(
-      f"attention=cudnn needs an NVIDIA GPU and dtype bfloat16 or float16 (cuDNN's fused"
-      f" kernel); here: {jax.default_backend()}, dtype={config.dtype}. attention=dot_product"
-      " runs anywhere"
+      f"attention={config.attention} needs an NVIDIA GPU and dtype bfloat16 or float16"
+      f" (cuDNN's fused kernel); here: {jax.default_backend()}, dtype={config.dtype}."
+      " attention=dot_product runs anywhere"
     )
   if config.max_target_length < tk.LONGEST_MEASUREMENT:
     raise ConfigError(

@@ -39,6 +39,7 @@ TABLE_ROWS = (
   "placed on demand",
   "real batch fixed",
   "fixed, gather embed",
+  "attention",
   "verdict",
   "profile",
   "device time",
@@ -114,6 +115,17 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
     fixed_gather["step_time"]["median"] / synthetic["step_time"]["median"]
   )
   assert "fixed/synthetic" in table[TABLE_ROWS.index("fixed, gather embed")]
+
+  # One layer's attention on the real batch's segments: XLA's kernel within float32's error
+  # of the reference; cuDNN's kernels recorded as not running on a CPU.
+  attention = report["attention_kernels"]
+  assert attention["shape"] == [4, 128, 2, 2, 32] and attention["runs_per_row"]["max"] >= 1
+  kernels = attention["kernels"]
+  assert max(kernels["xla"]["max_abs_error"].values()) < 1e-4 and kernels["xla"]["seconds"] > 0
+  assert all("error" in kernels[name] for name in ("cudnn", "cudnn_packed", "cudnn_packed_fit"))
+  assert attention["speedup"] == {"xla": 1.0}
+  assert "xla" in table[TABLE_ROWS.index("attention")]
+  assert report["network_fixed_packed"] is None  # a GPU's run only
 
   bench = report["bench"]
   assert bench["verdict"]["kind"] in {
@@ -329,7 +341,7 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
   switches = accelerator_check.ACCELERATOR.switches
   names = [" ".join(f"{key}={value}" for key, value in s.items()) for s in switches]
   # The first switch runs out of memory; the second is the fastest of the others.
-  tokens_per_s = dict(zip(names[1:], (20_000.0, 10_000.0, 5_000.0), strict=True))
+  tokens_per_s = dict(zip(names[1:], (20_000.0, 10_000.0, 5_000.0, 7_000.0), strict=True))
 
   def fake_measure(cfg, steps, run_dir, peak, devices, dataset_type, **switches):
     name = " ".join(f"{key}={value}" for key, value in switches.items())

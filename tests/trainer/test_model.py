@@ -427,3 +427,72 @@ def test_unrolled_layers_compute_the_scanned_function():
       strict=True,
     ):
       np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _packed_layout_mask(seqlen: np.ndarray, offsets: np.ndarray, length: int) -> np.ndarray:
+  """The [b, 1, T, T] mask that cuDNN's packed layout computes under, read from its JAX
+  documentation (`jax._src.cudnn.fused_attention_stablehlo.dot_product_attention`): sequence
+  m of a row spans `offsets[m]` to `offsets[m] + seqlen[m]`, -1 past the row's last one, and
+  a token attends causally within its own sequence. Checks every position is in exactly one."""
+  rows, slots = seqlen.shape
+  assert offsets.shape == (rows, slots + 1)
+  mask = np.zeros((rows, 1, length, length), bool)
+  for row in range(rows):
+    count = int((seqlen[row] >= 0).sum())
+    assert (seqlen[row, count:] == -1).all() and (offsets[row, count:] == -1).all()
+    covered = np.zeros(length, int)
+    for start, size in zip(offsets[row, :count], seqlen[row, :count], strict=True):
+      mask[row, 0, start : start + size, start : start + size] = np.tril(np.ones((size, size)))
+      covered[start : start + size] += 1
+    assert (covered == 1).all()
+  return mask
+
+
+def _pipeline_segmentation(tmp_path, rows: int = 40) -> np.ndarray:
+  """`inputs_segmentation` of packed batches of the real pipeline on generated data."""
+  from maxtext_netdata.distributed import mesh as mesh_lib  # noqa: PLC0415
+  from maxtext_netdata.input_pipeline import create_data_iterator  # noqa: PLC0415
+  from tests.helpers import pipeline  # noqa: PLC0415
+
+  overrides = [*pipeline.small_run_overrides(tmp_path), "grain_worker_count=0", "num_epoch=-1"]
+  cfg = config.load(None, [*overrides, "global_batch_size_to_load=8"])
+  train, evaluation = create_data_iterator(cfg, mesh_lib.make_mesh(cfg))
+  try:
+    batches = [np.asarray(next(train)["inputs_segmentation"]) for _ in range(rows // 8)]
+  finally:
+    train.close()
+    evaluation.close()
+  return np.concatenate(batches)
+
+
+def test_packed_layout_of_pipeline_rows_is_the_causal_segment_mask(tmp_path):
+  """`cudnn_packed` hands cuDNN each run of a row as a sequence: on the pipeline's packed rows
+  (several segments, trailing padding) and on the test's own, the mask that layout implies is
+  `attention_mask` bit for bit, within the bound of runs a row can hold."""
+  pipeline_rows = _pipeline_segmentation(tmp_path)
+  runs = model.max_segments(pipeline_rows.shape[1])
+  assert runs == pipeline_rows.shape[1] // 12 + 1
+  assert (pipeline_rows.max(axis=1) >= 2).any() and (pipeline_rows == 0).any()
+  own_rows = _packed_segmentation(np.random.default_rng(3), 6, 96)
+  for segmentation in (pipeline_rows, own_rows):
+    packed = jax.jit(model.kernel_mask, static_argnums=1)(jnp.asarray(segmentation), "cudnn_packed")
+    assert packed.mask is None and bool(packed.fits)
+    assert packed.seqlen.shape == (len(segmentation), model.max_segments(segmentation.shape[1]))
+    implied = _packed_layout_mask(
+      np.asarray(packed.seqlen), np.asarray(packed.offsets), segmentation.shape[1]
+    )
+    np.testing.assert_array_equal(implied, np.asarray(model.attention_mask(segmentation)))
+
+
+def test_packed_layout_too_small_for_a_row_falls_back_to_the_mask():
+  """`max_segments_per_seq` below a row's runs: `fits` is false and the batch carries the
+  same-segment mask for the `cudnn` kernel; at the row's own count of runs it fits."""
+  segmentation = jnp.asarray(_packed_segmentation(np.random.default_rng(4), 4, 64))
+  most = int((1 + (np.diff(np.asarray(segmentation), axis=1) != 0).sum(axis=1)).max())
+  small = model.kernel_mask(segmentation, "cudnn_packed", most - 1)
+  assert not bool(small.fits)
+  np.testing.assert_array_equal(small.mask, model.segment_mask(segmentation))
+  exact = model.kernel_mask(segmentation, "cudnn_packed", most)
+  assert bool(exact.fits) and exact.seqlen.shape == (4, most)
+  implied = _packed_layout_mask(np.asarray(exact.seqlen), np.asarray(exact.offsets), 64)
+  np.testing.assert_array_equal(implied, np.asarray(model.attention_mask(segmentation)))

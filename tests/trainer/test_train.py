@@ -241,8 +241,9 @@ def test_short_sequences_and_missing_files_fail_before_compiling(tmp_path):
         tmp_path, "dataset_type=network_grain", f"grain_train_files={tmp_path}/none/*.parquet"
       )
     )
-  with pytest.raises(ConfigError, match="attention=cudnn needs an NVIDIA GPU and dtype"):
-    train.train(_config(tmp_path, "attention=cudnn"))  # float32, and a CPU here
+  for kernel in ("cudnn", "cudnn_packed"):
+    with pytest.raises(ConfigError, match=f"attention={kernel} needs an NVIDIA GPU and dtype"):
+      train.train(_config(tmp_path, f"attention={kernel}"))  # float32, and a CPU here
   assert compiles == []
 
 

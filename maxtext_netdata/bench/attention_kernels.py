@@ -1,0 +1,105 @@
+"""One layer's attention, forward and backward, by each kernel of the `attention` key on one
+batch's segments: time and error against the float32 einsum reference.
+
+The accelerator check runs it on a real batch (`attention_kernels` in its report): whether
+cuDNN's packed layout (`cudnn_packed`, no [b, 1, T, T] mask bias, one sequence per segment)
+beats `cudnn` with the mask on the device, and whether it computes the same function there,
+which a CPU cannot run. A kernel that cannot run here (no cuDNN on a CPU, a GPU older than
+Hopper for the packed layout) is recorded with its error and the next one runs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxtext_netdata.config import Config
+from maxtext_netdata.trainer import model
+
+# (name, `attention` kernel, max_segments_per_seq): the kernels compared; `packed_fit` is the
+# packed layout with room for the batch's own most runs a row (filled in per batch).
+KERNELS = (
+  ("cudnn", "cudnn", 0),
+  ("cudnn_packed", "cudnn_packed", 0),
+  ("cudnn_packed_fit", "cudnn_packed", None),
+  ("xla", "xla", 0),
+)
+
+
+def _error_line(error: BaseException) -> str:
+  lines = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def runs_per_row(segmentation: np.ndarray) -> np.ndarray:
+  """The runs of equal segment ids in each row (what `cudnn_packed` makes sequences of)."""
+  return 1 + (segmentation[:, 1:] != segmentation[:, :-1]).sum(axis=1)
+
+
+def compare(cfg: Config, segmentation: np.ndarray, repeats: int = 10, seed: int = 0) -> dict:
+  """Each of `KERNELS` on random query/key/value of `cfg`'s heads in `cfg.dtype` for rows of
+  `segmentation` [b, T]: median seconds of a forward and backward pass, and the largest
+  absolute difference of the output and of the gradients from the float32 einsum reference
+  on the same values (the reference's own error is that of float32)."""
+  rows, length = segmentation.shape
+  dtype = jnp.dtype(cfg.dtype)
+  keys = jax.random.split(jax.random.key(seed), 4)
+  shapes = (cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.base_num_kv_heads)
+  query, key, value = (
+    jax.random.normal(k, (rows, length, heads, cfg.head_dim), dtype)
+    for k, heads in zip(keys, shapes, strict=False)
+  )
+  cotangent = jax.random.normal(keys[3], query.shape, jnp.float32)
+  segments = jnp.asarray(segmentation, jnp.int32)
+
+  def forward_backward(kernel: str, inputs: tuple, mask):
+    def loss(query, key, value):
+      out = model.attend(query, key, value, mask, kernel)
+      return jnp.sum(out.astype(jnp.float32) * cotangent), out
+
+    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(*inputs)
+    return out, grads
+
+  as_f32 = tuple(x.astype(jnp.float32) for x in (query, key, value))
+  reference = jax.jit(forward_backward, static_argnums=0)(
+    "einsum", as_f32, model.kernel_mask(segments, "einsum")
+  )
+  runs = runs_per_row(np.asarray(segmentation))
+  results = {}
+  for name, kernel, max_runs in KERNELS:
+    if max_runs is None:
+      max_runs = int(runs.max())
+    try:
+      mask = jax.jit(model.kernel_mask, static_argnums=(1, 2))(segments, kernel, max_runs)
+      step = jax.jit(forward_backward, static_argnums=0)
+      out, grads = jax.block_until_ready(step(kernel, (query, key, value), mask))
+      seconds = []
+      for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(step(kernel, (query, key, value), mask))
+        seconds.append(time.perf_counter() - start)
+    except Exception as e:  # no cuDNN here, or a layout it refuses
+      results[name] = {"error": _error_line(e)}
+      continue
+    errors = [
+      float(jnp.max(jnp.abs(got.astype(jnp.float32) - want)))
+      for got, want in zip((out, *grads), (reference[0], *reference[1]), strict=True)
+    ]
+    results[name] = {
+      "max_segments_per_seq": max_runs if kernel == "cudnn_packed" else None,
+      "seconds": float(np.median(seconds)),
+      "max_abs_error": {"out": errors[0], "dq": errors[1], "dk": errors[2], "dv": errors[3]},
+    }
+  timed = {name: r["seconds"] for name, r in results.items() if "seconds" in r}
+  base = timed.get("cudnn") or timed.get("xla")
+  return {
+    "shape": [rows, length, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim],
+    "dtype": str(dtype),
+    "runs_per_row": {"max": int(runs.max()), "mean": float(runs.mean())},
+    "kernels": results,
+    "speedup_over": "cudnn" if "cudnn" in timed else "xla",
+    "speedup": {name: base / s for name, s in timed.items()} if base else {},
+  }
