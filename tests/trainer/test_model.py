@@ -477,6 +477,7 @@ def test_packed_layout_of_pipeline_rows_is_the_causal_segment_mask(tmp_path):
   for segmentation in (pipeline_rows, own_rows):
     packed = jax.jit(model.kernel_mask, static_argnums=1)(jnp.asarray(segmentation), "cudnn_packed")
     assert packed.mask is None and bool(packed.fits)
+    assert packed.seqlen.dtype == packed.offsets.dtype == jnp.int32  # what cuDNN's API takes
     assert packed.seqlen.shape == (len(segmentation), model.max_segments(segmentation.shape[1]))
     implied = _packed_layout_mask(
       np.asarray(packed.seqlen), np.asarray(packed.offsets), segmentation.shape[1]
