@@ -28,8 +28,7 @@ tiny model and tiny sizes. The parts, in order:
    the real batch fixed once more with `attention=cudnn_packed` (GPU mode only);
 7. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
    idle share and gaps, the real-data step's device time by kernel class, and loading alone
-   (real tokens/s) per `grain_worker_count`; then the synthetic step under the profiler, its
-   device time beside the real one's;
+   (real tokens/s) per `grain_worker_count`;
 8. switch sweep: the configured batch on synthetic data with each switch of the mode (cuDNN's
    packed attention, what each block keeps for the backward pass, scanned layers, fused
    projections), the MFU of each and the fastest; a switch that fails (out of memory) is
@@ -37,8 +36,11 @@ tiny model and tiny sizes. The parts, in order:
 9. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
    fastest switches, the MFU of each and the best; it stops at the first size that fails (out
    of memory) and before a size whose compile would overrun the time budget;
-10. in-process loading alone per `grain_num_threads` (real tokens/s a core), last: measured
-   alike on both GPU hosts so far.
+10. the synthetic step under the profiler, its device time beside the real one's;
+11. in-process loading alone per `grain_num_threads` (real tokens/s a core): measured alike
+   on both GPU hosts so far.
+The sweeps come before the last two, which repeat what earlier runs measured, as the budget
+may end the check early.
 
 The machine is lent for minutes, so a part that fails is recorded with its error and the next
 one runs, and report.json is rewritten after every part. Compiled programs are cached on disk
@@ -102,6 +104,8 @@ BUDGET_S = 480.0
 TRACE_BYTES = 4 * 2**20
 # Steps of the profile's events kept in profile_events.json.gz.
 PROFILE_STEPS = 6
+# Runs a row `cudnn_packed` makes room for in the check's runs (`max_segments_per_seq`).
+PACKED_RUNS = 16
 ACCELERATOR = Sizes(
   rows=1_000_000,
   steps=20,
@@ -122,7 +126,11 @@ ACCELERATOR = Sizes(
   # costs next to nothing.
   # In order of what they may still give, as the budget may end the sweep early.
   switches=(
-    {"attention": "cudnn_packed"},  # not measured yet: cuDNN without the mask bias
+    # Not measured yet: cuDNN without the mask bias. JAX sizes the packed layout's softmax
+    # statistics (kept for the backward pass) and cuDNN's grid by rows x max_segments_per_seq:
+    # room for 16 runs (and the mask's kernel for a batch with more), and for all 86.
+    {"attention": "cudnn_packed", "max_segments_per_seq": PACKED_RUNS},
+    {"attention": "cudnn_packed"},
     {"remat_policy": "none"},
     {"remat_policy": "minimal"},
     {"fused_qkv": True, "fused_mlp": True},  # 0.96x on an H200
@@ -324,7 +332,12 @@ def run(args: argparse.Namespace) -> dict:
   if sizes.packed_attention:
     part(
       "network_fixed_packed",
-      against_synthetic("network_fixed_packed", measure_fixed_network, attention="cudnn_packed"),
+      against_synthetic(
+        "network_fixed_packed",
+        measure_fixed_network,
+        attention="cudnn_packed",
+        max_segments_per_seq=PACKED_RUNS,
+      ),
       needs=("data",),
     )
   part("bench", lambda: run_bench(cfg, args, sizes, env, work / "bench"), needs=("data",))
@@ -337,11 +350,6 @@ def run(args: argparse.Namespace) -> dict:
     always=True,
   )
   part(
-    "synthetic_profile",
-    lambda: profile_synthetic(cfg, work, out, peak, devices, PROFILE_STEPS),
-    needs=("synthetic",),
-  )
-  part(
     "switch_sweep",
     lambda: sweep_switches(cfg, sizes, work / "runs", report["synthetic"], env, budget),
     needs=("synthetic",),
@@ -352,6 +360,11 @@ def run(args: argparse.Namespace) -> dict:
     lambda: sweep_batch_sizes(
       cfg.replace(**fastest.get("switches", {})), sizes, work / "runs", fastest, env, budget
     ),
+    needs=("synthetic",),
+  )
+  part(
+    "synthetic_profile",
+    lambda: profile_synthetic(cfg, work, out, peak, devices, PROFILE_STEPS),
     needs=("synthetic",),
   )
   part("loading_threads", lambda: loading_by_threads(cfg, sizes), needs=("data",))

@@ -19,13 +19,16 @@ import numpy as np
 from maxtext_netdata.config import Config
 from maxtext_netdata.trainer import model
 
-# (name, `attention` kernel, max_segments_per_seq): the kernels compared. `FIT`: the packed
-# layout with room for the batch's own most runs a row; `SHORT`: one run fewer, so the batch
+# (name, `attention` kernel, max_segments_per_seq): the kernels compared. JAX sizes the
+# packed layout's softmax statistics and cuDNN's grid by rows x max_segments_per_seq, so the
+# packed layout runs with room for as many runs as a row can hold (0), for 16, for the
+# batch's own most runs a row (`FIT`), and for one run fewer (`SHORT`), so that the batch
 # takes the fallback (`cudnn` with the mask) inside the same compiled step.
 FIT, SHORT = "fit", "short"
 KERNELS = (
   ("cudnn", "cudnn", 0),
   ("cudnn_packed", "cudnn_packed", 0),
+  ("cudnn_packed_16", "cudnn_packed", 16),
   ("cudnn_packed_fit", "cudnn_packed", FIT),
   ("cudnn_packed_short", "cudnn_packed", SHORT),
   ("xla", "xla", 0),
