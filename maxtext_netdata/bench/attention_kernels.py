@@ -21,17 +21,17 @@ from maxtext_netdata.trainer import model
 
 # (name, `attention` kernel, max_segments_per_seq): the kernels compared. JAX sizes the
 # packed layout's softmax statistics and cuDNN's grid by rows x max_segments_per_seq, so the
-# packed layout runs with room for as many runs as a row can hold (0), for 16, for the
-# batch's own most runs a row (`FIT`), and for one run fewer (`SHORT`), so that the batch
-# takes the fallback (`cudnn` with the mask) inside the same compiled step.
+# packed layout runs with room for 16 runs a row (the default), for 64, for the batch's own
+# most (`FIT`), and for one run fewer (`SHORT`), so that the batch takes the fallback (the
+# mask's kernel) inside the same compiled step.
 FIT, SHORT = "fit", "short"
 KERNELS = (
-  ("cudnn", "cudnn", 0),
-  ("cudnn_packed", "cudnn_packed", 0),
-  ("cudnn_packed_16", "cudnn_packed", 16),
+  ("cudnn", "cudnn", None),
+  ("cudnn_packed", "cudnn_packed", 16),
+  ("cudnn_packed_64", "cudnn_packed", 64),
   ("cudnn_packed_fit", "cudnn_packed", FIT),
   ("cudnn_packed_short", "cudnn_packed", SHORT),
-  ("xla", "xla", 0),
+  ("xla", "xla", None),
 )
 
 
@@ -81,7 +81,7 @@ def compare(cfg: Config, segmentation: np.ndarray, repeats: int = 10, seed: int 
       if not max_runs:  # rows of one run: nothing falls back
         continue
     try:
-      mask = jax.jit(model.kernel_mask, static_argnums=(1, 2))(segments, kernel, max_runs)
+      mask = jax.jit(model.kernel_mask, static_argnums=(1, 2))(segments, kernel, max_runs or 1)
       step = jax.jit(forward_backward, static_argnums=0)
       out, grads = jax.block_until_ready(step(kernel, (query, key, value), mask))
       seconds = []

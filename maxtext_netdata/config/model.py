@@ -274,10 +274,10 @@ class ConfigModel(BaseModel):
     " one sequence per segment, no mask bias; Hopper GPUs or later) or einsum (plain"
     " einsum + softmax)",
   )
-  max_segments_per_seq: NonNegative = Field(
-    0,
-    description="cudnn_packed: segments per row the packed layout holds (MaxText's key);"
-    " a batch with a row of more takes cudnn; 0: as many as a row can hold",
+  max_segments_per_seq: Positive = Field(
+    16,
+    description="cudnn_packed: room for runs of a segment id per row in the packed layout"
+    " (MaxText's key); a batch with a row of more takes the mask's kernel for that step",
   )
   remat_policy: Literal["none", "minimal", "minimal_with_context", "full"] = Field(
     "full",

@@ -27,8 +27,8 @@ AND same segment, exactly (docs/training.md, "Attention"):
   tiles between segments as well as those above the diagonal (`packed_segments`). Exact for
   rows whose segments are contiguous runs, the pipeline's rows (docs/spec.md, "Filling"):
   a test compares the mask the runs imply with `attention_mask` on generated batches;
-  `max_segments_per_seq` (MaxText's key) bounds the runs per row (0: as many as a row can
-  hold), and a batch with a row of more runs takes `cudnn` for that step instead;
+  `max_segments_per_seq` (MaxText's key) is the room for runs a row, and a batch with a row
+  of more takes the same-segment mask's kernel for that step instead (a `lax.cond`);
 - `einsum`: the plain einsum + softmax over a dense causal-and-segment mask, the reference
   the others are tested against.
 
@@ -66,7 +66,6 @@ from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
 from maxtext_netdata.config import Config
-from maxtext_netdata.format.tokens import SHORTEST_MEASUREMENT
 
 _ROPE_MAX_TIMESCALE = 10_000.0
 
@@ -143,25 +142,17 @@ class PackedSegments(NamedTuple):
   padding at a row's end a run of its own) one sequence. `seqlen` [b, M] the runs' lengths,
   `offsets` [b, M + 1] their first positions, -1 past a row's last run (the layout of JAX's
   `q_seqlen`/`q_offsets`); `fits`: every row has at most M runs; `mask`: the same-segment
-  mask for the batches that do not fit, None when M is as many runs as a row can hold."""
+  mask, for a batch that does not fit."""
 
   seqlen: jax.Array
   offsets: jax.Array
   fits: jax.Array
-  mask: jax.Array | None
+  mask: jax.Array
 
 
-def max_segments(length: int, max_segments_per_seq: int = 0) -> int:
-  """Runs per row of `cudnn_packed` for rows of `length`: `max_segments_per_seq`, or when 0
-  as many as a row can hold: one per shortest measurement, and the padding after them."""
-  if max_segments_per_seq:
-    return max_segments_per_seq
-  return length // min(SHORTEST_MEASUREMENT.values()) + 1
-
-
-def packed_segments(segmentation: jax.Array, max_runs: int, bounded: bool) -> PackedSegments:
-  """The runs of equal ids of `segmentation` [b, T] in cuDNN's packed layout, at most
-  `max_runs` a row (`bounded`: no row can have more, so no fallback mask is built)."""
+def packed_segments(segmentation: jax.Array, max_runs: int) -> PackedSegments:
+  """The runs of equal ids of `segmentation` [b, T] in cuDNN's packed layout, with room for
+  `max_runs` a row."""
   rows = segmentation.shape[0]
   starts = jnp.concatenate(
     [jnp.ones((rows, 1), jnp.bool_), segmentation[:, 1:] != segmentation[:, :-1]], axis=1
@@ -174,15 +165,15 @@ def packed_segments(segmentation: jax.Array, max_runs: int, bounded: bool) -> Pa
   seqlen = jnp.where(present, lengths, -1)
   offsets = jnp.where(present, jnp.cumsum(lengths, axis=1) - lengths, -1)
   offsets = jnp.concatenate([offsets, jnp.full((rows, 1), -1, jnp.int32)], axis=1)
-  mask = None if bounded else segment_mask(segmentation)
-  return PackedSegments(seqlen, offsets, jnp.all(runs <= max_runs), mask)
+  return PackedSegments(seqlen, offsets, jnp.all(runs <= max_runs), segment_mask(segmentation))
 
 
 def packed_attention(
   query: jax.Array, key: jax.Array, value: jax.Array, packed: PackedSegments
 ) -> jax.Array:
   """Causal attention within each run of `packed` by cuDNN's packed layout; a batch that does
-  not fit (`packed.fits` false) takes `cudnn` with the same-segment mask for that step."""
+  not fit (`packed.fits` false) takes the same-segment mask's kernel for that step (that of
+  `dot_product`: cuDNN's where it runs, as `cudnn_packed` does)."""
   from jax._src.cudnn import fused_attention_stablehlo as cudnn  # noqa: PLC0415 (GPU only)
 
   def packed_kernel(query, key, value):
@@ -199,11 +190,8 @@ def packed_attention(
       qkv_layout="BTNH",
     )
 
-  if packed.mask is None:
-    return packed_kernel(query, key, value)
-
-  def masked_kernel(query, key, value):
-    return attend(query, key, value, packed.mask, "cudnn")
+  def masked_kernel(query, key, value):  # cuDNN's kernel with the mask, on a GPU in 16 bits
+    return attend(query, key, value, packed.mask, "dot_product")
 
   return jax.lax.cond(packed.fits, packed_kernel, masked_kernel, query, key, value)
 
@@ -273,13 +261,12 @@ def attention_used(cfg: Config) -> str:
   return "cudnn"
 
 
-def kernel_mask(segmentation: jax.Array, kernel: str, max_segments_per_seq: int = 0):
+def kernel_mask(segmentation: jax.Array, kernel: str, max_segments_per_seq: int = 16):
   """The mask `attend` takes for `kernel`, built once per batch and shared by every layer."""
   if kernel == "einsum":
     return attention_mask(segmentation)
   if kernel == "cudnn_packed":
-    runs = max_segments(segmentation.shape[-1], max_segments_per_seq)
-    return packed_segments(segmentation, runs, bounded=not max_segments_per_seq)
+    return packed_segments(segmentation, max_segments_per_seq)
   return segment_mask(segmentation)
 
 

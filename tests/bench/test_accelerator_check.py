@@ -122,7 +122,7 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   assert attention["shape"] == [4, 128, 2, 2, 32] and attention["runs_per_row"]["max"] >= 1
   kernels = attention["kernels"]
   assert max(kernels["xla"]["max_abs_error"].values()) < 1e-4 and kernels["xla"]["seconds"] > 0
-  cudnn = ("cudnn", "cudnn_packed", "cudnn_packed_16", "cudnn_packed_fit", "cudnn_packed_short")
+  cudnn = ("cudnn", "cudnn_packed", "cudnn_packed_64", "cudnn_packed_fit", "cudnn_packed_short")
   assert all(
     "error" in kernels[name] for name in cudnn[: 4 + (attention["runs_per_row"]["max"] > 1)]
   )

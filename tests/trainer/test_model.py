@@ -468,17 +468,14 @@ def _pipeline_segmentation(tmp_path, rows: int = 40) -> np.ndarray:
 def test_packed_layout_of_pipeline_rows_is_the_causal_segment_mask(tmp_path):
   """`cudnn_packed` hands cuDNN each run of a row as a sequence: on the pipeline's packed rows
   (several segments, trailing padding) and on the test's own, the mask that layout implies is
-  `attention_mask` bit for bit, within the bound of runs a row can hold."""
+  `attention_mask` bit for bit, and the batches fit the default room for 16 runs a row."""
   pipeline_rows = _pipeline_segmentation(tmp_path)
-  runs = model.max_segments(pipeline_rows.shape[1])
-  assert runs == pipeline_rows.shape[1] // 12 + 1
   assert (pipeline_rows.max(axis=1) >= 2).any() and (pipeline_rows == 0).any()
   own_rows = _packed_segmentation(np.random.default_rng(3), 6, 96)
   for segmentation in (pipeline_rows, own_rows):
     packed = jax.jit(model.kernel_mask, static_argnums=1)(jnp.asarray(segmentation), "cudnn_packed")
-    assert packed.mask is None and bool(packed.fits)
+    assert bool(packed.fits) and packed.seqlen.shape == (len(segmentation), 16)
     assert packed.seqlen.dtype == packed.offsets.dtype == jnp.int32  # what cuDNN's API takes
-    assert packed.seqlen.shape == (len(segmentation), model.max_segments(segmentation.shape[1]))
     implied = _packed_layout_mask(
       np.asarray(packed.seqlen), np.asarray(packed.offsets), segmentation.shape[1]
     )
@@ -486,8 +483,8 @@ def test_packed_layout_of_pipeline_rows_is_the_causal_segment_mask(tmp_path):
 
 
 def test_packed_layout_too_small_for_a_row_falls_back_to_the_mask():
-  """`max_segments_per_seq` below a row's runs: `fits` is false and the batch carries the
-  same-segment mask for the `cudnn` kernel; at the row's own count of runs it fits."""
+  """`max_segments_per_seq` below a row's runs: `fits` is false, and the batch carries the
+  same-segment mask for the fallback kernel; with room for the row's own runs it fits."""
   segmentation = jnp.asarray(_packed_segmentation(np.random.default_rng(4), 4, 64))
   most = int((1 + (np.diff(np.asarray(segmentation), axis=1) != 0).sum(axis=1)).max())
   small = model.kernel_mask(segmentation, "cudnn_packed", most - 1)
@@ -497,3 +494,57 @@ def test_packed_layout_too_small_for_a_row_falls_back_to_the_mask():
   assert bool(exact.fits) and exact.seqlen.shape == (4, most)
   implied = _packed_layout_mask(np.asarray(exact.seqlen), np.asarray(exact.offsets), 64)
   np.testing.assert_array_equal(implied, np.asarray(model.attention_mask(segmentation)))
+
+
+def _packed_layout_standin(query, key, value, *, q_seqlen, q_offsets, scale, mask_type, **_):
+  """What cuDNN's packed layout computes, by JAX's documentation of
+  `jax._src.cudnn.fused_attention_stablehlo.dot_product_attention` (lengths and offsets of
+  each row's sequences, causal within each): the einsum over the mask they imply. It stands
+  in for the kernel a CPU cannot run, so that the model's own part is tested: the lengths and
+  offsets it makes, their way through the scanned or unrolled, recomputed layers, and the
+  fallback for a batch with more runs than room."""
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn  # noqa: PLC0415
+
+  assert mask_type == cudnn.MaskType.PADDING_CAUSAL and scale == query.shape[-1] ** -0.5
+  length = query.shape[1]
+  positions = jnp.arange(length)
+  starts = q_offsets[:, :-1, None]
+  inside = (
+    (q_seqlen[:, :, None] >= 0)
+    & (positions >= starts)
+    & (positions < starts + q_seqlen[:, :, None])
+  )
+  sequence = jnp.argmax(inside, axis=1)
+  causal = jnp.tril(jnp.ones((length, length), jnp.bool_))
+  mask = (sequence[:, :, None] == sequence[:, None, :]) & inside.any(axis=1)[:, :, None] & causal
+  return model.einsum_attention(query, key, value, mask[:, None])
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+@pytest.mark.parametrize("max_segments_per_seq", [2, 7])
+def test_the_packed_layout_reaches_every_layer_and_falls_back_exactly(
+  monkeypatch, scan_layers, max_segments_per_seq
+):
+  """`cudnn_packed` in the whole model (grouped-query heads, `minimal_with_context`) on rows
+  of 3-7 runs: the loss and the parameters' gradients of `einsum`'s, with room for fewer runs
+  than the rows have (2: the batch takes the mask's kernel) and for all (7: the packed
+  layout)."""
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn  # noqa: PLC0415
+
+  monkeypatch.setattr(cudnn, "dot_product_attention", _packed_layout_standin)
+  settings = ("dtype=float32", "remat_policy=minimal_with_context", f"scan_layers={scan_layers}")
+  cfg, transformer, params = _setup(*settings, "attention=einsum")
+  packed = model.Transformer(
+    cfg.replace(attention="cudnn_packed", max_segments_per_seq=max_segments_per_seq)
+  )
+  inputs, positions, segmentation, targets = _packed_batch(cfg, np.random.default_rng(5), rows=3)
+
+  def loss(params, module):
+    logits = module.apply({"params": params}, inputs, positions, segmentation)
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1))
+
+  want = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, transformer)
+  got = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, packed)
+  np.testing.assert_allclose(got[0], want[0], rtol=0, atol=KERNEL_TOLERANCE)
+  for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
+    np.testing.assert_allclose(g, w, rtol=0, atol=KERNEL_TOLERANCE)
