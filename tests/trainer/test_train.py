@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ from maxtext_netdata import config
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.distributed.mesh import make_mesh
 from maxtext_netdata.errors import DataError
-from maxtext_netdata.input_pipeline import create_data_iterator
+from maxtext_netdata.input_pipeline import create_data_iterator, interface
 from maxtext_netdata.trainer import train
 from tests.helpers.train import IndexedBatches
 
@@ -141,8 +142,9 @@ def test_smoke_model_learns_from_the_sample_data(tmp_path, sample_dir):
   assert not os.path.exists(os.path.join(summary["run_dir"], "checkpoints"))  # none enabled
 
 
-def _pipeline_run(tmp_path, sample_dir, run_name, steps, workers, digests):
-  """A run of the real network_grain pipeline; records the digest of every batch it trains on."""
+def _pipeline_run(tmp_path, sample_dir, run_name, steps, workers, digests, thread=None):
+  """A run of the real network_grain pipeline; records the digest of every batch it trains on.
+  `thread`: whether a placing thread places the batches (None: the backend's default)."""
   cfg = _config(
     tmp_path,
     "dataset_type=network_grain",
@@ -157,7 +159,14 @@ def _pipeline_run(tmp_path, sample_dir, run_name, steps, workers, digests):
     f"run_name={run_name}",
     f"steps={steps}",
   )
-  train_iter, eval_iter = create_data_iterator(cfg, make_mesh(cfg))
+  mesh = make_mesh(cfg)
+  train_iter, eval_iter = create_data_iterator(cfg, mesh)
+  if thread is not None:
+    where = interface.host_slice(cfg, mesh)
+    local = train_iter.local_iterator
+    train_iter = interface.DataIterator(
+      local, where.sharding, where.global_rows, cfg.device_prefetch, thread
+    )
   return train.train(cfg, (Digesting(train_iter, digests), eval_iter))
 
 
@@ -172,6 +181,19 @@ def test_resumed_run_continues_the_pipeline_exactly(tmp_path, sample_dir):
   assert _losses(resumed) == _losses(whole)  # bit-identical on CPU, every step
   saved = json.loads((tmp_path / "cut/checkpoints/3/iter/process_0-of-1.json").read_text())
   assert saved["format"] == "netdata-position-1" and saved["step"] == 3
+
+
+def test_a_run_with_batches_placed_by_a_thread_trains_and_resumes_as_without(tmp_path, sample_dir):
+  """The placing thread of an accelerator, here on the CPU: the same batches and losses as
+  the batches placed in `next`, cut after 3 of 6 steps and resumed too, and no thread left."""
+  plain_digests, whole_digests, cut_digests = [], [], []
+  plain = _pipeline_run(tmp_path, sample_dir, "plain", 6, 0, plain_digests, thread=False)
+  whole = _pipeline_run(tmp_path, sample_dir, "whole", 6, 0, whole_digests, thread=True)
+  _pipeline_run(tmp_path, sample_dir, "cut", 3, 0, cut_digests, thread=True)
+  resumed = _pipeline_run(tmp_path, sample_dir, "cut", 6, 0, cut_digests, thread=True)
+  assert whole_digests == plain_digests == cut_digests and len(set(plain_digests)) == 6
+  assert _losses(whole) == _losses(plain) and _losses(resumed) == _losses(plain)
+  assert [t for t in threading.enumerate() if t.name == "device-prefetch"] == []
 
 
 @pytest.mark.slow
