@@ -329,7 +329,8 @@ def _ops(events) -> list[list]:
 
 
 def runs_of_ops(ops) -> list[tuple[str, int, int]]:
-  """Program runs `(module, start, end)` from op events `(module, op, start, end, run_id)`.
+  """Program runs `(module, start, end)` from op events `(module, op, start, end, run_id[,
+  kernel])`.
 
   Ops with a `run_id` (XLA on the CPU) are grouped by it. A GPU's kernels carry the module and
   the op but no run id (seen on an H100 with jax 0.11.2: `hlo_module`, `hlo_op`,
@@ -339,12 +340,17 @@ def runs_of_ops(ops) -> list[tuple[str, int, int]]:
   (ops inside a scanned loop run once per layer; an op seen once is a run cut by the trace's
   ends), and the first op with that count marks each run's start. A run then reaches to the
   next one's start, so a step's period is the same whichever op marks it.
+
+  An op is named with its kernel where the events carry one: XLA can run a whole step as one
+  command buffer (a CUDA graph), and then every kernel of the step carries the same op
+  (`command_buffer_1`, seen in an H200's trace of the unrolled model); the kernels' names
+  still tell the ops apart.
   """
   spans: dict[tuple[str, int], list[int]] = {}
-  unnumbered: dict[str, list[tuple[str, int, int]]] = {}
-  for module, op, start, end, run_id, *_ in ops:
+  unnumbered: dict[str, list[tuple[tuple, int, int]]] = {}
+  for module, op, start, end, run_id, *kernel in ops:
     if run_id is None:
-      unnumbered.setdefault(module, []).append((op, start, end))
+      unnumbered.setdefault(module, []).append(((op, *kernel), start, end))
       continue
     span = spans.setdefault((module, run_id), [start, end])
     span[0], span[1] = min(span[0], start), max(span[1], end)

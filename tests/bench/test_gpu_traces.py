@@ -95,3 +95,22 @@ def test_slower_real_steps_on_a_busy_gpu_are_blamed_on_the_device(trace):
   )
   assert verdict["kind"] == bench_report.SLOWER_ON_DEVICE
   assert "cudnn_generated_fort_native_sdpa_sm90_flash_bprop" in verdict["text"]
+
+
+def test_a_step_run_as_one_cuda_graph_is_cut_into_its_steps():
+  """XLA can run a whole unrolled step as one command buffer (a CUDA graph): then every kernel
+  of the step carries the same `hlo_op` (`command_buffer_1`), as in a windowed trace of the
+  third H200 run, and the op alone cannot mark a step's start; the kernels' names can. Made
+  here from the unrolled trace, most of whose kernels already sit in `command_buffer_1`, by
+  putting the rest there too: the steps must be those found in the trace as it is."""
+  events = profile.load_events(FIXTURES / "h200_unrolled_profile_events.json.gz")
+  as_recorded = profile.analyze_events(events, "train_step")
+  events["ops"] = [[module, "command_buffer_1", *rest] for module, _, *rest in events["ops"]]
+  one_graph = profile.analyze_events(events, "train_step")
+  assert len(one_graph["steps"]) == STEPS
+  assert [s["seconds"] for s in one_graph["steps"]] == pytest.approx(
+    [s["seconds"] for s in as_recorded["steps"]], rel=1e-3
+  )
+  assert one_graph["device_time"]["kernels_s"] == pytest.approx(
+    as_recorded["device_time"]["kernels_s"], rel=1e-3
+  )
