@@ -26,6 +26,7 @@ that step.
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 import os
@@ -39,6 +40,7 @@ import numpy as np
 from absl import flags
 
 from maxtext_netdata.errors import UserError
+from maxtext_netdata.input_pipeline import worker_blocks
 from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS, BatchBuilder
 from maxtext_netdata.input_pipeline.transforms import ShiftData
 
@@ -141,10 +143,12 @@ def make_iterator(
   *,
   start: int = 0,
   in_process: bool = False,
+  block_prefix: str | None = None,
 ) -> grain.DatasetIterator | SynchronousIterator:
   """The Grain iterator of host batches from global step `start`, with the worker processes
   of `grain_worker_count` unless `in_process` (they start at its first `next` or
-  `start_prefetch`). In-process without read threads, a `SynchronousIterator` of the same
+  `start_prefetch`), which name their /dev/shm blocks with `block_prefix` (by default a new
+  one: `worker_blocks`). In-process without read threads, a `SynchronousIterator` of the same
   batches."""
   batch_bytes = host_batch_bytes(hi - lo, builder.seq_len)
   workers = 0 if in_process else worker_count(config, batch_bytes)
@@ -171,7 +175,7 @@ def make_iterator(
       grain.MultiprocessingOptions(
         num_workers=workers, per_worker_buffer_size=config.grain_per_worker_buffer_size
       ),
-      worker_init_fn=ignore_interrupt,
+      worker_init_fn=functools.partial(start_worker, block_prefix or worker_blocks.new_prefix()),
     )
   return iter(dataset.map(ShiftData()) if workers > 0 else dataset)
 
@@ -208,6 +212,13 @@ def ignore_interrupt(worker_index: int, worker_count: int) -> None:
   """
   del worker_index, worker_count
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def start_worker(block_prefix: str, worker_index: int, worker_count: int) -> None:
+  """Grain worker start-up: `ignore_interrupt`, and the worker's /dev/shm blocks named with
+  `block_prefix` (`worker_blocks.name_blocks`)."""
+  ignore_interrupt(worker_index, worker_count)
+  worker_blocks.name_blocks(block_prefix)
 
 
 class SynchronousIterator:
@@ -272,8 +283,9 @@ class HostBatchIterator:
   may differ from the run that saved it. Nothing is read before `start_prefetch()` or the
   first `next` (Grain 0.2.18 starts worker processes at the first `next`), so a restore throws
   no prefetched batch away. A worker that
-  dies surfaces as a `WorkerError` (Grain notices a dead worker within a second); `close()`
-  ends the workers and may be called more than once.
+  dies surfaces as a `WorkerError` (Grain notices a dead worker within a second), once the
+  other workers are ended and the /dev/shm blocks the dead one left are unlinked
+  (`worker_blocks`); `close()` ends the workers and may be called more than once.
   """
 
   def __init__(
@@ -306,6 +318,7 @@ class HostBatchIterator:
       "enable_data_shuffling": config.enable_data_shuffling,
     }
     self._iterator = None
+    self._blocks = worker_blocks.new_prefix()
 
   def __iter__(self):
     return self
@@ -313,7 +326,9 @@ class HostBatchIterator:
   def start_prefetch(self) -> None:
     """Builds the Grain iterator at the current position and starts its read-ahead."""
     if self._iterator is None:
-      self._iterator = make_iterator(*self._args, start=self.step, in_process=self._in_process)
+      self._iterator = make_iterator(
+        *self._args, start=self.step, in_process=self._in_process, block_prefix=self._blocks
+      )
     self._iterator.start_prefetch()
 
   def __next__(self) -> dict[str, np.ndarray]:
@@ -328,6 +343,8 @@ class HostBatchIterator:
       if cause is None:
         raise
       self.close()
+      # What the dead worker created and never handed over has no one else to unlink it.
+      worker_blocks.unlink_left(self._blocks)
       raise WorkerError(
         f"input pipeline: a Grain worker process ended ({cause}) before global step"
         f" {self.step} was delivered; training stops"

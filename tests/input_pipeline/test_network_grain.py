@@ -15,7 +15,7 @@ from absl import flags
 
 from maxtext_netdata import config as config_lib
 from maxtext_netdata.format import tokens as tk
-from maxtext_netdata.input_pipeline import network_grain
+from maxtext_netdata.input_pipeline import network_grain, worker_blocks
 from maxtext_netdata.input_pipeline.batches_cli import digest
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 from tests.helpers import pipeline
@@ -211,6 +211,7 @@ def test_killed_worker_stops_the_iterator_with_a_clear_error(store):
   workers = _children() - before
   os.kill(min(workers), signal.SIGKILL)
   start = time.monotonic()
+  named = worker_blocks.left(iterator._blocks)
   with pytest.raises(
     network_grain.WorkerError, match=r"worker process ended \(killed by SIGKILL\)"
   ):
@@ -220,6 +221,10 @@ def test_killed_worker_stops_the_iterator_with_a_clear_error(store):
   iterator.close()
   psutil.wait_procs([psutil.Process(p) for p in _children() - before], timeout=30)
   assert not workers & _children()
+  # The workers named their blocks after the iterator (the buffered batches were in them), and
+  # what the killed one never handed over was unlinked: no block of the prefix is left.
+  assert named, "the workers' buffered batches are in blocks named after the iterator"
+  assert worker_blocks.left(iterator._blocks) == []
 
 
 def test_workers_need_parsed_absl_flags_outside_our_entry_points(store):
@@ -227,7 +232,7 @@ def test_workers_need_parsed_absl_flags_outside_our_entry_points(store):
 from maxtext_netdata import config as config_lib
 from maxtext_netdata.data.store.store import PreparedStore
 from maxtext_netdata.errors import UserError
-from maxtext_netdata.input_pipeline import network_grain
+from maxtext_netdata.input_pipeline import network_grain, worker_blocks
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 config = config_lib.load(None, ["grain_worker_count=1", "max_target_length=256"])
 builder = BatchBuilder.from_config(config, PreparedStore({store.path!r}), {BATCH})
