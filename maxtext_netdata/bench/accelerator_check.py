@@ -22,16 +22,15 @@ tiny model and tiny sizes. The parts, in order:
    every step (`real batch fixed`), as the synthetic batch is: what the real data's values
    cost the device, and the same with the other embedding lookup (`use_iota_embed` flipped:
    the gradient a scatter-add, whose time depends on the tokens, or a matmul);
-6. attention: one layer's attention, forward and backward, by each kernel on the real batch's
-   segments (`bench.attention_kernels`): time, and the error against the float32 reference,
-   which is how cuDNN's packed layout (`cudnn_packed`) is shown exact on the device; then
-   the real batch fixed once more with `attention=cudnn_packed` (GPU mode only);
+6. attention: one layer's attention, forward and backward, on the real batch's segments by
+   `cudnn` and by cuDNN's packed layout with room for the batch's own most runs
+   (`bench.attention_kernels`, `Sizes.attention_kernels`): time, and the error against the float32
+   reference, which keeps the packed layout shown exact on the device;
 7. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
    idle share and gaps, the real-data step's device time by kernel class, and loading alone
    (real tokens/s) per `grain_worker_count`;
-8. switch sweep: the configured batch on synthetic data with each switch of the mode (cuDNN's
-   packed attention, what each block keeps for the backward pass, scanned layers, fused
-   projections), the MFU of each and the fastest; a switch that fails (out of memory) is
+8. switch sweep: the configured batch on synthetic data with each switch of the mode (what
+   each block keeps for the backward pass, scanned layers, fused projections), the MFU of each and the fastest; a switch that fails (out of memory) is
    recorded and the next one runs;
 9. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
    fastest switches, the MFU of each and the best; it stops at the first size that fails (out
@@ -93,7 +92,7 @@ from maxtext_netdata.bench.accelerator_runs import (
 from maxtext_netdata.config import Config, ConfigError
 from maxtext_netdata.distributed.mesh import make_mesh
 from maxtext_netdata.input_pipeline import interface
-from maxtext_netdata.trainer import model
+from maxtext_netdata.trainer import attention, model
 from maxtext_netdata.trainer.profiler import trace_dir
 
 DEFAULT_CONFIG = "configs/latency_network.yml"
@@ -123,18 +122,18 @@ ACCELERATOR = Sizes(
   # (network_fixed_embed): on the synthetic batch's uniform tokens the scatter-add it replaces
   # costs next to nothing.
   # In order of what they may still give, as the budget may end the sweep early.
+  # Not rerun either: cuDNN's packed layout (attention=cudnn_packed), exact but no faster than
+  # cudnn in the third H200 run (1.05x slower in the step with room for 16 runs a row).
   switches=(
-    # Not measured yet: cuDNN without the mask bias. JAX sizes the packed layout's softmax
-    # statistics (kept for the backward pass) and cuDNN's grid by rows x max_segments_per_seq:
-    # room for 16 runs a row (the default) and for 4 (the synthetic rows have one).
-    {"attention": "cudnn_packed"},
-    {"attention": "cudnn_packed", "max_segments_per_seq": 4},
-    {"remat_policy": "none"},
+    {"remat_policy": "none"},  # 1.04x faster at batch 32 on an H200, slower at 64
     {"remat_policy": "minimal"},
     {"fused_qkv": True, "fused_mlp": True},  # 0.96x on an H200
     {"scan_layers": True},
   ),
-  packed_attention=True,
+  # The config's kernel and the packed layout at its fastest, which keeps its exactness on the
+  # device checked. The third H200 run compiled all of `attention_kernels.KERNELS` at full
+  # size in 124 s, which left the sweeps out of the budget.
+  attention_kernels=("cudnn", "cudnn_packed_fit"),
 )
 # The configuration the check falls back to when the configured step fails: XLA's attention
 # and every block recomputed, the least memory.
@@ -166,6 +165,7 @@ DRY_RUN = Sizes(
     {"attention": "einsum"},
     {"dtype": "bfloat16"},
   ),
+  attention_kernels=("cudnn", "cudnn_packed_fit", "xla"),  # XLA's runs on a CPU
 )
 
 
@@ -244,7 +244,6 @@ def run(args: argparse.Namespace) -> dict:
     "network_fixed": None,
     "network_fixed_embed": None,
     "attention_kernels": None,
-    "network_fixed_packed": None,
     "bench": None,
     "loading": None,
     "loading_threads": None,
@@ -326,13 +325,7 @@ def run(args: argparse.Namespace) -> dict:
     ),
     needs=("data",),
   )
-  part("attention_kernels", lambda: attention_on_a_real_batch(cfg), needs=("data",))
-  if sizes.packed_attention:
-    part(
-      "network_fixed_packed",
-      against_synthetic("network_fixed_packed", measure_fixed_network, attention="cudnn_packed"),
-      needs=("data",),
-    )
+  part("attention_kernels", lambda: attention_on_a_real_batch(cfg, sizes), needs=("data",))
   part("bench", lambda: run_bench(cfg, args, sizes, env, work / "bench"), needs=("data",))
   if report["bench"] is not None:
     report["loading"] = loading_by_workers(report["bench"])
@@ -366,11 +359,11 @@ def run(args: argparse.Namespace) -> dict:
   return report
 
 
-def attention_on_a_real_batch(cfg: Config) -> dict:
+def attention_on_a_real_batch(cfg: Config, sizes: Sizes) -> dict:
   """`attention_kernels.compare` on the segments of the first `network_grain` batch."""
   iterator, _ = fixed_network(cfg, make_mesh(cfg))
   segmentation = np.asarray(next(iterator)["inputs_segmentation"])
-  return attention_kernels.compare(cfg, segmentation)
+  return attention_kernels.compare(cfg, segmentation, kernels=sizes.attention_kernels)
 
 
 def model_figures(cfg: Config, devices: int) -> dict:
@@ -385,7 +378,7 @@ def model_figures(cfg: Config, devices: int) -> dict:
     "sequences": sequences,
     "max_target_length": cfg.max_target_length,
     "tokens_per_step": sequences * cfg.max_target_length,
-    "attention": model.attention_used(cfg),
+    "attention": attention.attention_used(cfg),
     "remat_policy": cfg.remat_policy,
     "use_iota_embed": cfg.use_iota_embed,
     "scan_layers": cfg.scan_layers,

@@ -97,7 +97,6 @@ def format_table(report: dict) -> str:
     ("network_on_demand", "placed on demand", "network"),
     ("network_fixed", "real batch fixed", "fixed"),
     ("network_fixed_embed", "fixed, {} embed", "fixed"),
-    ("network_fixed_packed", "fixed, packed attention", "fixed"),
   )
   for key, label, name in runs:
     run = report.get(key)

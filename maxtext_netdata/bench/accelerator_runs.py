@@ -46,7 +46,7 @@ class Sizes(NamedTuple):
   sweep_steps: int  # measured steps per swept batch size
   overrides: tuple[str, ...]  # config overrides of the mode
   switches: tuple[dict[str, object], ...] = ()  # config changes tried against the configured run
-  packed_attention: bool = False  # run the real batch with attention=cudnn_packed (a GPU's)
+  attention_kernels: tuple[str, ...] = ()  # names of `attention_kernels.KERNELS` compared
 
 
 class Budget:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext_netdata.config import Config
-from maxtext_netdata.trainer import model
+from maxtext_netdata.trainer import attention
 
 # (name, `attention` kernel, max_segments_per_seq): the kernels compared. JAX sizes the
 # packed layout's softmax statistics and cuDNN's grid by rows x max_segments_per_seq, so the
@@ -45,8 +45,14 @@ def runs_per_row(segmentation: np.ndarray) -> np.ndarray:
   return 1 + (segmentation[:, 1:] != segmentation[:, :-1]).sum(axis=1)
 
 
-def compare(cfg: Config, segmentation: np.ndarray, repeats: int = 10, seed: int = 0) -> dict:
-  """Each of `KERNELS` on random query/key/value of `cfg`'s heads in `cfg.dtype` for rows of
+def compare(
+  cfg: Config,
+  segmentation: np.ndarray,
+  repeats: int = 10,
+  seed: int = 0,
+  kernels: tuple[str, ...] | None = None,
+) -> dict:
+  """Each of `KERNELS` (those named in `kernels`, by default all) on random query/key/value of `cfg`'s heads in `cfg.dtype` for rows of
   `segmentation` [b, T]: median seconds of a forward and backward pass, and the largest
   absolute difference of the output and of the gradients from the float32 einsum reference
   on the same values (the reference's own error is that of float32)."""
@@ -65,7 +71,7 @@ def compare(cfg: Config, segmentation: np.ndarray, repeats: int = 10, seed: int 
   # compiled step.
   def forward_backward(kernel: str, inputs: tuple, mask, cotangent):
     def loss(query, key, value):
-      out = model.attend(query, key, value, mask, kernel)
+      out = attention.attend(query, key, value, mask, kernel)
       return jnp.sum(out.astype(jnp.float32) * cotangent), out
 
     (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(*inputs)
@@ -73,17 +79,21 @@ def compare(cfg: Config, segmentation: np.ndarray, repeats: int = 10, seed: int 
 
   as_f32 = tuple(x.astype(jnp.float32) for x in (query, key, value))
   reference = jax.jit(forward_backward, static_argnums=0)(
-    "einsum", as_f32, model.kernel_mask(segments, "einsum"), cotangent
+    "einsum", as_f32, attention.kernel_mask(segments, "einsum"), cotangent
   )
   runs = runs_per_row(np.asarray(segmentation))
   results = {}
-  for name, kernel, max_runs in KERNELS:
+  chosen = [k for k in KERNELS if kernels is None or k[0] in kernels]
+  if kernels is not None and len(chosen) != len(kernels):
+    known = ", ".join(name for name, *_ in KERNELS)
+    raise ValueError(f"attention kernels {', '.join(kernels)}: known are {known}")
+  for name, kernel, max_runs in chosen:
     if max_runs in (FIT, SHORT):
       max_runs = int(runs.max()) - (max_runs == SHORT)
       if not max_runs:  # rows of one run: nothing falls back
         continue
     try:
-      mask = jax.jit(model.kernel_mask, static_argnums=(1, 2))(segments, kernel, max_runs or 1)
+      mask = jax.jit(attention.kernel_mask, static_argnums=(1, 2))(segments, kernel, max_runs or 1)
       step = jax.jit(forward_backward, static_argnums=0)
       out, grads = jax.block_until_ready(step(kernel, (query, key, value), mask, cotangent))
       seconds = []

@@ -35,7 +35,7 @@ from maxtext_netdata.distributed.mesh import batch_sharding, make_mesh, replicat
 from maxtext_netdata.errors import WritesTo
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline.interface import global_batch_size
-from maxtext_netdata.trainer import checkpointing, evaluation, model, report
+from maxtext_netdata.trainer import attention, checkpointing, evaluation, model, report
 from maxtext_netdata.trainer.metric_logger import MetricLogger
 from maxtext_netdata.trainer.profiler import Profiler
 
@@ -50,7 +50,7 @@ def check_config(config: Config, mesh: jax.sharding.Mesh) -> int:
     model.check_model_config(config)
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if config.attention in ("cudnn", "cudnn_packed") and not model.cudnn_may_run(config.dtype):
+  if config.attention in ("cudnn", "cudnn_packed") and not attention.cudnn_may_run(config.dtype):
     raise ConfigError(
       f"attention={config.attention} needs an NVIDIA GPU and dtype bfloat16 or float16"
       f" (cuDNN's fused kernel); here: {jax.default_backend()}, dtype={config.dtype}."

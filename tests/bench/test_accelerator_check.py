@@ -122,13 +122,10 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   assert attention["shape"] == [4, 128, 2, 2, 32] and attention["runs_per_row"]["max"] >= 1
   kernels = attention["kernels"]
   assert max(kernels["xla"]["max_abs_error"].values()) < 1e-4 and kernels["xla"]["seconds"] > 0
-  cudnn = ("cudnn", "cudnn_packed", "cudnn_packed_64", "cudnn_packed_fit", "cudnn_packed_short")
-  assert all(
-    "error" in kernels[name] for name in cudnn[: 4 + (attention["runs_per_row"]["max"] > 1)]
-  )
+  assert set(kernels) == set(accelerator_check.DRY_RUN.attention_kernels)
+  assert all("error" in kernels[name] for name in ("cudnn", "cudnn_packed_fit"))
   assert attention["speedup"] == {"xla": 1.0}
   assert "xla" in table[TABLE_ROWS.index("attention")]
-  assert report["network_fixed_packed"] is None  # a GPU's run only
 
   bench = report["bench"]
   assert bench["verdict"]["kind"] in {
@@ -344,7 +341,7 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
   switches = accelerator_check.ACCELERATOR.switches
   names = [" ".join(f"{key}={value}" for key, value in s.items()) for s in switches]
   # The first switch runs out of memory; the second is the fastest of the others.
-  tokens_per_s = dict(zip(names[1:], (20_000.0, 10_000.0, 5_000.0, 7_000.0, 6_000.0), strict=True))
+  tokens_per_s = dict(zip(names[1:], (20_000.0, 10_000.0, 5_000.0), strict=True))
 
   def fake_measure(cfg, steps, run_dir, peak, devices, dataset_type, **switches):
     name = " ".join(f"{key}={value}" for key, value in switches.items())

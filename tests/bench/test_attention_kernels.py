@@ -5,7 +5,7 @@ import pytest
 
 from maxtext_netdata import config
 from maxtext_netdata.bench import attention_kernels
-from maxtext_netdata.trainer import model
+from maxtext_netdata.trainer import attention
 
 SMALL = [
   "base_num_query_heads=4",
@@ -38,7 +38,7 @@ def test_kernels_are_timed_and_measured_against_the_float32_reference(monkeypatc
   assert xla["seconds"] > 0 and 0 < max(xla["max_abs_error"].values()) < 1e-4
   assert all("error" in right["kernels"][name] for name in ("cudnn", "cudnn_packed"))
 
-  kernel_mask = model.kernel_mask
+  kernel_mask = attention.kernel_mask
 
   def ignoring_segments(segmentation, kernel, *args):
     return (
@@ -47,9 +47,17 @@ def test_kernels_are_timed_and_measured_against_the_float32_reference(monkeypatc
       else kernel_mask(segmentation, kernel, *args)
     )
 
-  monkeypatch.setattr(model, "kernel_mask", ignoring_segments)
+  monkeypatch.setattr(attention, "kernel_mask", ignoring_segments)
   wrong = attention_kernels.compare(cfg, segmentation, repeats=1)
   assert min(wrong["kernels"]["xla"]["max_abs_error"].values()) > 0.1
+
+
+def test_a_chosen_few_kernels_run_and_an_unknown_name_is_refused():
+  cfg = config.load(None, SMALL)
+  chosen = attention_kernels.compare(cfg, _segmentation(), repeats=1, kernels=("xla",))
+  assert list(chosen["kernels"]) == ["xla"] and chosen["speedup"] == {"xla": 1.0}
+  with pytest.raises(ValueError, match="attention kernels xla, flash: known are cudnn, "):
+    attention_kernels.compare(cfg, _segmentation(), kernels=("xla", "flash"))
 
 
 @pytest.mark.parametrize("row,runs", [([1, 1, 1, 1], 1), ([1, 1, 2, 0], 3), ([1, 2, 2, 3], 3)])

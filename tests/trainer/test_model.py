@@ -11,7 +11,7 @@ import pytest
 from jax.ad_checkpoint import checkpoint_name
 
 from maxtext_netdata import config
-from maxtext_netdata.trainer import model
+from maxtext_netdata.trainer import attention, model
 
 TINY = [
   "base_num_decoder_layers=2",
@@ -190,14 +190,18 @@ def test_dot_product_attention_equals_the_einsum_reference_on_packed_rows(kernel
     jnp.asarray(rng.normal(size=(batch, length, h, head_dim)), jnp.float32)
     for h in (heads, kv_heads, kv_heads)
   )
-  reference = model.attend(query, key, value, model.kernel_mask(segmentation, "einsum"), "einsum")
-  out = jax.jit(model.attend, static_argnums=4)(
-    query, key, value, model.kernel_mask(segmentation, kernel), kernel
+  reference = attention.attend(
+    query, key, value, attention.kernel_mask(segmentation, "einsum"), "einsum"
+  )
+  out = jax.jit(attention.attend, static_argnums=4)(
+    query, key, value, attention.kernel_mask(segmentation, kernel), kernel
   )
   np.testing.assert_allclose(out, reference, rtol=0, atol=KERNEL_TOLERANCE)
   # The mask really matters: plain causal attention over the whole row differs.
-  unsegmented = model.kernel_mask(jnp.ones_like(segmentation), kernel)
-  assert not np.allclose(model.attend(query, key, value, unsegmented, kernel), reference, atol=0.1)
+  unsegmented = attention.kernel_mask(jnp.ones_like(segmentation), kernel)
+  assert not np.allclose(
+    attention.attend(query, key, value, unsegmented, kernel), reference, atol=0.1
+  )
 
 
 @pytest.mark.parametrize("kernel", JAX_KERNELS)
@@ -312,13 +316,13 @@ def test_minimal_with_context_keeps_cudnn_attention_for_the_backward_pass():
   assert fused_attention_stablehlo._dot_product_attention_fwd_p_wrapper.name == (
     model.CUDNN_ATTENTION_FWD
   )
-  attention = _stand_in_cudnn_attention()
+  stand_in = _stand_in_cudnn_attention()
 
   class Block(nn.Module):
     @nn.compact
     def __call__(self, x):
       q = checkpoint_name(nn.Dense(8, use_bias=False, name="query")(x), "query_proj")
-      return jnp.sum(jnp.sin(attention(q, x))), None
+      return jnp.sum(jnp.sin(stand_in(q, x))), None
 
   x = jnp.linspace(-1.0, 1.0, 32, dtype=jnp.float32).reshape(4, 8)
   params = Block().init(jax.random.key(0), x)
@@ -473,13 +477,15 @@ def test_packed_layout_of_pipeline_rows_is_the_causal_segment_mask(tmp_path):
   assert (pipeline_rows.max(axis=1) >= 2).any() and (pipeline_rows == 0).any()
   own_rows = _packed_segmentation(np.random.default_rng(3), 6, 96)
   for segmentation in (pipeline_rows, own_rows):
-    packed = jax.jit(model.kernel_mask, static_argnums=1)(jnp.asarray(segmentation), "cudnn_packed")
+    packed = jax.jit(attention.kernel_mask, static_argnums=1)(
+      jnp.asarray(segmentation), "cudnn_packed"
+    )
     assert bool(packed.fits) and packed.seqlen.shape == (len(segmentation), 16)
     assert packed.seqlen.dtype == packed.offsets.dtype == jnp.int32  # what cuDNN's API takes
     implied = _packed_layout_mask(
       np.asarray(packed.seqlen), np.asarray(packed.offsets), segmentation.shape[1]
     )
-    np.testing.assert_array_equal(implied, np.asarray(model.attention_mask(segmentation)))
+    np.testing.assert_array_equal(implied, np.asarray(attention.attention_mask(segmentation)))
 
 
 def test_packed_layout_too_small_for_a_row_falls_back_to_the_mask():
@@ -487,13 +493,13 @@ def test_packed_layout_too_small_for_a_row_falls_back_to_the_mask():
   same-segment mask for the fallback kernel; with room for the row's own runs it fits."""
   segmentation = jnp.asarray(_packed_segmentation(np.random.default_rng(4), 4, 64))
   most = int((1 + (np.diff(np.asarray(segmentation), axis=1) != 0).sum(axis=1)).max())
-  small = model.kernel_mask(segmentation, "cudnn_packed", most - 1)
+  small = attention.kernel_mask(segmentation, "cudnn_packed", most - 1)
   assert not bool(small.fits)
-  np.testing.assert_array_equal(small.mask, model.segment_mask(segmentation))
-  exact = model.kernel_mask(segmentation, "cudnn_packed", most)
+  np.testing.assert_array_equal(small.mask, attention.segment_mask(segmentation))
+  exact = attention.kernel_mask(segmentation, "cudnn_packed", most)
   assert bool(exact.fits) and exact.seqlen.shape == (4, most)
   implied = _packed_layout_mask(np.asarray(exact.seqlen), np.asarray(exact.offsets), 64)
-  np.testing.assert_array_equal(implied, np.asarray(model.attention_mask(segmentation)))
+  np.testing.assert_array_equal(implied, np.asarray(attention.attention_mask(segmentation)))
 
 
 def _packed_layout_standin(query, key, value, *, q_seqlen, q_offsets, scale, mask_type, **_):
@@ -517,7 +523,7 @@ def _packed_layout_standin(query, key, value, *, q_seqlen, q_offsets, scale, mas
   sequence = jnp.argmax(inside, axis=1)
   causal = jnp.tril(jnp.ones((length, length), jnp.bool_))
   mask = (sequence[:, :, None] == sequence[:, None, :]) & inside.any(axis=1)[:, :, None] & causal
-  return model.einsum_attention(query, key, value, mask[:, None])
+  return attention.einsum_attention(query, key, value, mask[:, None])
 
 
 @pytest.mark.parametrize("scan_layers", [True, False])
