@@ -27,7 +27,7 @@ from pathlib import Path
 import jax
 
 from maxtext_netdata import config
-from maxtext_netdata.bench import accelerator_check, benchmark
+from maxtext_netdata.bench import accelerator_check, accelerator_data, benchmark
 from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench.report import WARMUP_STEPS
 from maxtext_netdata.trainer.profiler import trace_dir
@@ -112,7 +112,7 @@ def main() -> None:
     ],
   )
   started = time.perf_counter()
-  store = accelerator_check.make_store(cfg, args.rows, work / "raw", jax.device_count())
+  store = accelerator_data.make_store(cfg, args.rows, work / "raw", jax.device_count())
   print(f"store: {store['rows']:,} rows in {time.perf_counter() - started:.1f} s", flush=True)
   report = {}
   for number, kind in enumerate(args.kinds.split(",")):

@@ -24,8 +24,8 @@ tiny model and tiny sizes. The parts, in order:
    the gradient a scatter-add, whose time depends on the tokens, or a matmul);
 6. attention: one layer's attention, forward and backward, on the real batch's segments by
    `cudnn` and by cuDNN's packed layout with room for the batch's own most runs
-   (`bench.attention_kernels`, `Sizes.attention_kernels`): time, and the error against the float32
-   reference, which keeps the packed layout shown exact on the device;
+   (`bench.attention_kernels`, `Sizes.attention_kernels`): time, and the error against the
+   float32 reference, which keeps the packed layout shown exact on the device;
 7. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
    idle share and gaps, the real-data step's device time by kernel class, and loading alone
    (real tokens/s) per `grain_worker_count`;
@@ -39,7 +39,8 @@ tiny model and tiny sizes. The parts, in order:
 11. in-process loading alone per `grain_num_threads` (real tokens/s a core): measured alike
    on both GPU hosts so far.
 The sweeps come before the last two, which repeat what earlier runs measured, as the budget
-may end the check early.
+may end the check early. The training runs and sweeps are `bench.accelerator_runs`'; the store,
+the attention on a real batch and loading alone `bench.accelerator_data`'s.
 
 The machine is lent for minutes, so a part that fails is recorded with its error and the next
 one runs, and report.json is rewritten after every part. Compiled programs are cached on disk
@@ -55,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import time
 import traceback
@@ -63,24 +63,26 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
-import numpy as np
 
 from maxtext_netdata import config
 from maxtext_netdata.bench import (
   accelerator_report,
   accelerators,
-  attention_kernels,
   benchmark,
   flops,
-  loading,
   render,
 )
 from maxtext_netdata.bench import profile as bench_profile
+from maxtext_netdata.bench.accelerator_data import (
+  attention_on_a_real_batch,
+  loading_by_threads,
+  loading_by_workers,
+  make_store,
+)
 from maxtext_netdata.bench.accelerator_runs import (
   Budget,
   Sizes,
   error_line,
-  fixed_network,
   measure_fixed_network,
   measure_placed_synthetic,
   measure_training,
@@ -90,8 +92,6 @@ from maxtext_netdata.bench.accelerator_runs import (
   with_ratio,
 )
 from maxtext_netdata.config import Config, ConfigError
-from maxtext_netdata.distributed.mesh import make_mesh
-from maxtext_netdata.input_pipeline import interface
 from maxtext_netdata.trainer import attention, model
 from maxtext_netdata.trainer.profiler import trace_dir
 
@@ -364,13 +364,6 @@ def run(args: argparse.Namespace) -> dict:
   return report
 
 
-def attention_on_a_real_batch(cfg: Config, sizes: Sizes) -> dict:
-  """`attention_kernels.compare` on the segments of the first `network_grain` batch."""
-  iterator, _ = fixed_network(cfg, make_mesh(cfg))
-  segmentation = np.asarray(next(iterator)["inputs_segmentation"])
-  return attention_kernels.compare(cfg, segmentation, kernels=sizes.attention_kernels)
-
-
 def model_figures(cfg: Config, devices: int) -> dict:
   """Parameters, FLOPs per token (model, its attention term, executed) and the batch."""
   sequences = cfg.global_batch_size(devices)
@@ -387,42 +380,6 @@ def model_figures(cfg: Config, devices: int) -> dict:
     "remat_policy": cfg.remat_policy,
     "use_iota_embed": cfg.use_iota_embed,
     "scan_layers": cfg.scan_layers,
-  }
-
-
-def make_store(cfg: Config, rows: int, raw_dir: Path, devices: int) -> dict:
-  """Generates `rows` measurements into `raw_dir` (`maxtext-netdata generate`, a shard per
-  core), prepares `cfg`'s store from them and makes the batch kernel ready.
-
-  On a machine's first run the kernel compiles (10-20 s) on a thread while its Python code
-  builds the batches, 200-300x slower (`batch_kernel_loading`): a training run's first seconds
-  there. The network runs measure the compiled kernel, as later runs there use it; on an H200
-  the runs that started during that compile waited for data 56-78% of their steps.
-  """
-  from maxtext_netdata.data.prepare import prepare
-  from maxtext_netdata.input_pipeline import batch_kernel_loading
-  from maxtext_netdata.input_pipeline.sequences import BatchBuilder
-
-  shards = max(2, loading.cpu_cores())
-  start = time.perf_counter()
-  command = [sys.executable, "-m", "maxtext_netdata", "generate", "--out", str(raw_dir)]
-  subprocess.run([*command, "--rows", str(rows), "--shards", str(shards)], check=True)
-  generated = time.perf_counter()
-  splits = prepare.ensure_prepared(cfg)
-  prepared = time.perf_counter()
-  BatchBuilder.from_config(cfg, splits.train, cfg.global_batch_size(devices))
-  batch_kernel_loading.wait_ready()
-  summary = splits.summary
-  return {
-    "rows": rows,
-    "shards": shards,
-    "generate_s": generated - start,
-    "prepare_s": prepared - generated,
-    "batch_kernel_s": time.perf_counter() - prepared,
-    "cached": splits.cached,
-    "probes": summary["probes"],
-    "splits": summary["splits"],
-    "prepared_dir": cfg.prepared_dir,
   }
 
 
@@ -464,37 +421,6 @@ def write_outputs(bench: dict, bench_dir: Path, out: Path) -> dict:
     else None,
     "profile_events": str(events) if events else None,
   }
-
-
-_LOADING_KEYS = (
-  "real_tokens_per_s",
-  "real_tokens_per_s_per_core",
-  "batch_s",
-  "first_batch_s",
-  "cpu_cores_busy",
-)
-
-
-def loading_by_workers(bench: dict) -> list[dict]:
-  """Loading alone per swept `grain_worker_count`, from bench's report."""
-  keys = ("workers", *_LOADING_KEYS)
-  return [{key: s[key] for key in keys} for s in bench["sweep"] or [bench["loading"]]]
-
-
-def loading_by_threads(cfg: Config, sizes: Sizes) -> list[dict]:
-  """In-process loading alone (`benchmark.measure_loading`, as bench times it) with each
-  `grain_num_threads` of `sizes`: on the accelerator's host, the measurement behind the
-  loader defaults (docs/performance.md, "Loader defaults")."""
-  runs = []
-  for threads in sizes.threads:
-    run_cfg = cfg.replace(grain_worker_count=0, grain_num_threads=threads)
-    device_mesh = make_mesh(run_cfg)
-    slots = interface.global_batch_size(run_cfg, device_mesh) * run_cfg.max_target_length
-    # Enough batches for the CPU clock (10 ms steps) to measure the per-core figure.
-    batches = max(sizes.batches, int(sizes.thread_tokens // slots))
-    measured = benchmark.measure_loading(run_cfg, device_mesh, batches)
-    runs.append({"threads": threads, **{key: measured[key] for key in _LOADING_KEYS}})
-  return runs
 
 
 def _newest(folder: Path, name: str) -> Path | None:
