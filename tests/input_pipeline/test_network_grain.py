@@ -209,9 +209,12 @@ def test_killed_worker_stops_the_iterator_with_a_clear_error(store):
   before = _children()
   next(iterator)
   workers = _children() - before
+  # The workers go on filling their buffers: a batch in a block named after the iterator.
+  deadline = time.monotonic() + 60
+  while not (named := worker_blocks.left(iterator._blocks)) and time.monotonic() < deadline:
+    time.sleep(0.01)
   os.kill(min(workers), signal.SIGKILL)
   start = time.monotonic()
-  named = worker_blocks.left(iterator._blocks)
   with pytest.raises(
     network_grain.WorkerError, match=r"worker process ended \(killed by SIGKILL\)"
   ):
@@ -221,8 +224,7 @@ def test_killed_worker_stops_the_iterator_with_a_clear_error(store):
   iterator.close()
   psutil.wait_procs([psutil.Process(p) for p in _children() - before], timeout=30)
   assert not workers & _children()
-  # The workers named their blocks after the iterator (the buffered batches were in them), and
-  # what the killed one never handed over was unlinked: no block of the prefix is left.
+  # What the killed worker never handed over was unlinked: no block of the prefix is left.
   assert named, "the workers' buffered batches are in blocks named after the iterator"
   assert worker_blocks.left(iterator._blocks) == []
 
