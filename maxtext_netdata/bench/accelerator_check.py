@@ -29,9 +29,10 @@ tiny model and tiny sizes. The parts, in order:
 7. bench: `maxtext-netdata bench --profile` with a worker sweep: the verdict, the profile's
    idle share and gaps, the real-data step's device time by kernel class, and loading alone
    (real tokens/s) per `grain_worker_count`;
-8. switch sweep: the configured batch on synthetic data with each switch of the mode (what
-   each block keeps for the backward pass, scanned layers, fused projections), the MFU of each and the fastest; a switch that fails (out of memory) is
-   recorded and the next one runs;
+8. switch sweep: the configured batch on synthetic data with each switch of the mode (wider
+   heads, what each block keeps for the backward pass, scanned layers, fused projections),
+   the MFU of each and the fastest; a switch that fails (out of memory) is recorded and the
+   next one runs;
 9. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
    fastest switches, the MFU of each and the best; it stops at the first size that fails (out
    of memory) and before a size whose compile would overrun the time budget;

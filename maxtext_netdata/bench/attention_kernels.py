@@ -52,10 +52,15 @@ def compare(
   seed: int = 0,
   kernels: tuple[str, ...] | None = None,
 ) -> dict:
-  """Each of `KERNELS` (those named in `kernels`, by default all) on random query/key/value of `cfg`'s heads in `cfg.dtype` for rows of
-  `segmentation` [b, T]: median seconds of a forward and backward pass, and the largest
-  absolute difference of the output and of the gradients from the float32 einsum reference
-  on the same values (the reference's own error is that of float32)."""
+  """Each of `KERNELS` (those named in `kernels`, by default all) on random query/key/value
+  of `cfg`'s heads in `cfg.dtype` for rows of `segmentation` [b, T]: median seconds of a
+  forward and backward pass, and the largest absolute difference of the output and of the
+  gradients from the float32 einsum reference on the same values (the reference's own error
+  is that of float32). An unknown name in `kernels` is a ValueError, before anything runs."""
+  chosen = [k for k in KERNELS if kernels is None or k[0] in kernels]
+  if kernels is not None and len(chosen) != len(kernels):
+    known = ", ".join(name for name, *_ in KERNELS)
+    raise ValueError(f"attention kernels {', '.join(kernels)}: known are {known}")
   rows, length = segmentation.shape
   dtype = jnp.dtype(cfg.dtype)
   keys = jax.random.split(jax.random.key(seed), 4)
@@ -83,10 +88,6 @@ def compare(
   )
   runs = runs_per_row(np.asarray(segmentation))
   results = {}
-  chosen = [k for k in KERNELS if kernels is None or k[0] in kernels]
-  if kernels is not None and len(chosen) != len(kernels):
-    known = ", ".join(name for name, *_ in KERNELS)
-    raise ValueError(f"attention kernels {', '.join(kernels)}: known are {known}")
   for name, kernel, max_runs in chosen:
     if max_runs in (FIT, SHORT):
       max_runs = int(runs.max()) - (max_runs == SHORT)
