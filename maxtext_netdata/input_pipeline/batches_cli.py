@@ -55,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
   total = builder.num_steps
   if total is not None and args.start >= total:
     raise UserError(f"--start {args.start}: the data has {total} steps")
-  # Every process builds all rows: the global batch, whatever the process count.
-  iterator = network_grain.make_iterator(config, builder, 0, size, total, start=args.start)
+  # Every process builds all rows: the global batch, whatever the process count. The
+  # trainer's iterator: a dead worker is a one-line error and its /dev/shm blocks go with it.
+  iterator = network_grain.HostBatchIterator(config, builder, 0, size, total)
+  iterator.step = args.start
   try:
     for step in range(args.start, args.start + args.steps):
       try:
@@ -66,6 +68,5 @@ def run(args: argparse.Namespace) -> int:
       print(f"step {step} {digest(batch)}", flush=True)
   finally:
     iterator.close()
-    network_grain.release_shared_memory()
   batch_kernel_loading.finish_compile()
   return 0

@@ -347,7 +347,7 @@ class HostBatchIterator:
       worker_blocks.unlink_left(self._blocks)
       raise WorkerError(
         f"input pipeline: a Grain worker process ended ({cause}) before global step"
-        f" {self.step} was delivered; training stops"
+        f" {self.step} was delivered; the run stops"
       ) from None
     self.step += 1
     return batch

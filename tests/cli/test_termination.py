@@ -25,15 +25,21 @@ def jax_cache(tmp_path_factory) -> str:
   return str(tmp_path_factory.mktemp("jax_cache"))
 
 
-def _workers(proc) -> int:
-  count = 0
+def _worker_pids(proc) -> list[int]:
+  """The processes of the run's session other than itself and Python's resource tracker."""
+  pids = []
   for process in processes.session(proc.pid):
     try:
       command = " ".join(process.cmdline())
     except psutil.Error:
       continue
-    count += process.pid != proc.pid and "resource_tracker" not in command
-  return count
+    if process.pid != proc.pid and "resource_tracker" not in command:
+      pids.append(process.pid)
+  return pids
+
+
+def _workers(proc) -> int:
+  return len(_worker_pids(proc))
 
 
 @pytest.mark.parametrize(
@@ -66,3 +72,38 @@ def test_sigterm_to_the_main_process_closes_its_workers(command, tmp_path, sampl
   code, _, err = processes.finish(proc, shm, timeout=60)
   assert code == 128 + signal.SIGTERM, err[-2000:]
   assert f"maxtext-netdata {command[0]}: terminated (SIGTERM)" in err
+
+
+def test_a_killed_worker_ends_batches_with_one_line_and_leaves_no_block(
+  tmp_path, sample_dir, jax_cache
+):
+  """A Grain worker of `batches` SIGKILLed while it fills its buffer: the command exits 2 (a user error) with
+  one line naming the cause, and the /dev/shm blocks the worker never handed over (named with
+  the iterator's prefix, `worker_blocks`) are gone."""
+  overrides = [
+    f"grain_train_files={sample_dir}/*.parquet",
+    f"network_prepared_dir={tmp_path}/prepared",
+    f"base_output_directory={tmp_path}/runs",
+    "grain_worker_count=2",
+  ]
+  argv = [sys.executable, "-m", "maxtext_netdata", "batches", "configs/smoke.yml"]
+  shm = set(os.listdir("/dev/shm"))
+  proc = processes.start([*argv, "--steps", "1000000", *overrides], jax_cache)
+  deadline = time.monotonic() + 180
+  while _workers(proc) < 2 or not (named := _worker_block_names(proc)):
+    if proc.poll() is not None or time.monotonic() > deadline:
+      proc.kill()
+      pytest.fail(f"no workers at work: {proc.communicate()[1][-2000:]}")
+    time.sleep(0.05)
+  prefix = named[0].rsplit("_", 1)[0]
+  os.kill(min(_worker_pids(proc)), signal.SIGKILL)
+  code, _, err = processes.finish(proc, shm, timeout=60)
+  lines = [line for line in err.splitlines() if line.startswith("maxtext-netdata batches:")]
+  assert code == 2, err[-2000:]
+  assert len(lines) == 1 and "a Grain worker process ended (killed by SIGKILL)" in lines[0]
+  assert [e for e in os.listdir("/dev/shm") if e.startswith(prefix)] == []
+
+
+def _worker_block_names(proc) -> list[str]:
+  """The iterator-named /dev/shm blocks (`psm_nd…_…`) the run's processes have open."""
+  return sorted(name for name in proc.shm_watch.seen if name.startswith("psm_nd"))
