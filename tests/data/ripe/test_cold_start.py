@@ -209,6 +209,10 @@ def test_ctrl_c_ends_the_wait_for_the_scanner_compile_at_exit():
     stderr=subprocess.PIPE,
     text=True,
     env={**os.environ, "PYTHONPATH": ROOT},
+    # Ctrl-C's default disposition: a child of a process that ignores SIGINT (a background
+    # job, some pytest workers) inherits the ignore, and Python then never raises
+    # KeyboardInterrupt.
+    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
   )
   try:
     assert "Ctrl-C skips it" in process.stderr.readline()
