@@ -142,17 +142,8 @@ def format_table(report: dict) -> str:
   sweep = report["batch_sweep"]
   if sweep:
     # The switches tried on the configured batch first, then the sizes (with the best switches).
-    entries = [
-      f"{_switches(r['switches'])}: "
-      + ("failed" if "error" in r else f"{r['tokens_per_s']:,.0f} tokens/s, MFU {share(r['mfu'])}")
-      for r in switched["runs"]
-    ]
-    entries += [
-      f"{r['per_device_batch_size']:g}: failed"
-      if "error" in r
-      else f"{r['per_device_batch_size']:g}: {r['tokens_per_s']:,.0f} tokens/s, MFU {share(r['mfu'])}"
-      for r in sweep["runs"]
-    ]
+    entries = [_sweep_entry(_switches(r["switches"]), r) for r in switched["runs"]]
+    entries += [_sweep_entry(f"{r['per_device_batch_size']:g}", r) for r in sweep["runs"]]
     stops = [why for why in (switched["stopped"], sweep["stopped"]) if why]
     stopped = f" ({'; '.join(stops)})" if stops else ""
     best = f" with {_switches(switched['best'])}" if switched["best"] else ""
@@ -183,6 +174,13 @@ def share(value: float | None) -> str:
 
 def gib(value: int | None) -> str:
   return "n/a" if value is None else f"{value / 2**30:.1f} GiB"
+
+
+def _sweep_entry(label: str, run: dict) -> str:
+  """One run of a sweep in the table: `label: N tokens/s, MFU x%`, or `label: failed`."""
+  if "error" in run:
+    return f"{label}: failed"
+  return f"{label}: {run['tokens_per_s']:,.0f} tokens/s, MFU {share(run['mfu'])}"
 
 
 def _switches(switches: dict[str, str]) -> str:

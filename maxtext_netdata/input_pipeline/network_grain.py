@@ -279,13 +279,13 @@ class HostBatchIterator:
   `get_state()` is `{"format": POSITION_FORMAT, "step": next global step, ...identity,
   ...settings}`, the same on every process; `set_state()` checks the identity and the settings
   that shape the batches (packing, field order, mode weights, shuffling), a one-line
-  `PositionError` naming what differs, and rebuilds the Grain graph at that step, so workers, threads and processes
-  may differ from the run that saved it. Nothing is read before `start_prefetch()` or the
-  first `next` (Grain 0.2.18 starts worker processes at the first `next`), so a restore throws
-  no prefetched batch away. A worker that
-  dies surfaces as a `WorkerError` (Grain notices a dead worker within a second), once the
-  other workers are ended and the /dev/shm blocks the dead one left are unlinked
-  (`worker_blocks`); `close()` ends the workers and may be called more than once.
+  `PositionError` naming what differs, and rebuilds the Grain graph at that step, so workers,
+  threads and processes may differ from the run that saved it. Nothing is read before
+  `start_prefetch()` or the first `next` (Grain 0.2.18 starts worker processes at the first
+  `next`), so a restore throws no prefetched batch away. A worker that dies surfaces as a
+  `WorkerError` (Grain notices a dead worker within a second), once the other workers are
+  ended and the /dev/shm blocks the dead one left are unlinked (`worker_blocks`); `close()`
+  ends the workers and may be called more than once.
   """
 
   def __init__(
