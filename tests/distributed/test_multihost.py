@@ -500,6 +500,35 @@ TRAIN_WORKER = textwrap.dedent(
 )
 
 
+_RESUME_MODEL = ["base_num_decoder_layers=1", "base_emb_dim=64", "base_mlp_dim=128", "head_dim=16"]
+_RESUME_RUN = ["checkpoint_period=2", "eval_interval=-1", "enable_tensorboard=false"]
+_RESUME_RUN += ["learning_rate_schedule_steps=4"]
+
+
+def _train_run(data, run_name: str, steps: int, num_processes: int, workers: int) -> dict:
+  """A 1-layer training run of `steps` by `num_processes` processes (4 CPU devices in all)
+  with `workers` Grain workers each: its batch digests and final loss, the same on every
+  process."""
+  overrides = [o for o in data if not o.startswith("grain_worker_count=")]
+  overrides += [*_RESUME_MODEL, *_RESUME_RUN, f"run_name={run_name}", f"steps={steps}"]
+  overrides.append(f"grain_worker_count={workers}")
+  argv = [sys.executable, "-c", TRAIN_WORKER, json.dumps(overrides)]
+  reports = _reports(run_processes(argv, num_processes, devices_per_process=4 // num_processes))
+  assert all(r == reports[0] for r in reports)
+  return reports[0]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(raw_dir, tmp_path_factory) -> dict:
+  """The reference of the resume tests: 4 steps by one process, in-process loading; its
+  batches are those `maxtext-netdata batches` prints for the same config."""
+  data = pipeline_overrides(raw_dir, tmp_path_factory.mktemp("whole"), data_shuffle_seed=5)
+  whole = _train_run(data, "whole", 4, 1, 0)
+  # The trainer reads configs/smoke.yml, whose data keys (split, field order) differ from base.yml.
+  assert whole["digests"] == batches_cli_digests(data, 4, "configs/smoke.yml")
+  return whole
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
   ("saved", "resumed"),
@@ -507,33 +536,18 @@ TRAIN_WORKER = textwrap.dedent(
   ids=["2 processes with workers -> 1", "1 process with 2 workers -> 2"],
 )
 def test_checkpoint_resumes_on_another_process_count_with_the_same_batches(
-  raw_dir, tmp_path, saved, resumed
+  raw_dir, tmp_path, saved, resumed, uninterrupted_run
 ):
   """(processes, grain workers) of the saving and the resuming run: the resumed run trains on
   the batches, and ends with the loss, of an uninterrupted one-process run."""
   base = tmp_path / "run"
   data = pipeline_overrides(raw_dir, base, data_shuffle_seed=5)
-  model = ["base_num_decoder_layers=1", "base_emb_dim=64", "base_mlp_dim=128", "head_dim=16"]
-  run = ["checkpoint_period=2", "eval_interval=-1", "enable_tensorboard=false"]
-  run += ["learning_rate_schedule_steps=4"]
-
-  def train(run_name: str, steps: int, num_processes: int, workers: int) -> dict:
-    overrides = [o for o in data if not o.startswith("grain_worker_count=")]
-    overrides += [*model, *run, f"run_name={run_name}", f"steps={steps}"]
-    overrides.append(f"grain_worker_count={workers}")
-    argv = [sys.executable, "-c", TRAIN_WORKER, json.dumps(overrides)]
-    reports = _reports(run_processes(argv, num_processes, devices_per_process=4 // num_processes))
-    assert all(r == reports[0] for r in reports)
-    return reports[0]
-
-  whole = train("whole", 4, 1, 0)
-  first = train("resume", 2, *saved)
+  whole = uninterrupted_run
+  first = _train_run(data, "resume", 2, *saved)
   names = sorted(p.name for p in (base / "resume/checkpoints/2/iter").glob("*.json"))
   assert names == [f"process_{i}-of-{saved[0]}.json" for i in range(saved[0])]
-  rest = train("resume", 4, *resumed)
+  rest = _train_run(data, "resume", 4, *resumed)
   assert first["digests"] + rest["digests"] == whole["digests"]
-  # The trainer reads configs/smoke.yml, whose data keys (split, field order) differ from base.yml.
-  assert whole["digests"] == batches_cli_digests(data, 4, "configs/smoke.yml")
   # Data is a pure function of the config: bits. The loss is a float reduction whose order
   # follows the process topology (a 2-process all-reduce adds the per-device gradients in
   # another order than one process with the same 4 devices), so a run that spent some steps on
