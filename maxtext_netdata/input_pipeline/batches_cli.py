@@ -57,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
     raise UserError(f"--start {args.start}: the data has {total} steps")
   # Every process builds all rows: the global batch, whatever the process count. The
   # trainer's iterator: a dead worker is a one-line error and its /dev/shm blocks go with it.
-  iterator = network_grain.HostBatchIterator(config, builder, 0, size, total)
-  iterator.step = args.start
+  iterator = network_grain.HostBatchIterator(config, builder, 0, size, total, start=args.start)
   try:
     for step in range(args.start, args.start + args.steps):
       try:

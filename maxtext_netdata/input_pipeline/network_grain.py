@@ -274,7 +274,8 @@ def _worker_death(error: BaseException) -> str | None:
 
 
 class HostBatchIterator:
-  """This process's host batches from a data position on; its state is that position.
+  """This process's host batches from a data position on (global step `start`, by default 0);
+  its state is that position.
 
   `get_state()` is `{"format": POSITION_FORMAT, "step": next global step, ...identity,
   ...settings}`, the same on every process; `set_state()` checks the identity and the settings
@@ -298,10 +299,11 @@ class HostBatchIterator:
     *,
     split: str = "train",
     in_process: bool = False,
+    start: int = 0,
   ):
     self._args = (config, builder, lo, hi, num_steps)
     self._in_process = in_process
-    self.step = 0
+    self.step = start
     self.identity = {
       "fingerprint": builder.store.meta.get("fingerprint", builder.store.path),
       "data_shuffle_seed": builder.seed,
