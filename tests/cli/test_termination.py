@@ -42,6 +42,26 @@ def _workers(proc) -> int:
   return len(_worker_pids(proc))
 
 
+def _wait_for_workers(proc, ready) -> None:
+  """Waits until the run has its 2 Grain workers and `ready()` is true (3 minutes at most)."""
+  deadline = time.monotonic() + 180
+  while _workers(proc) < 2 or not ready():
+    if proc.poll() is not None or time.monotonic() > deadline:
+      proc.kill()
+      pytest.fail(f"no workers at work: {proc.communicate()[1][-2000:]}")
+    time.sleep(0.05)
+
+
+def _overrides(sample_dir, tmp_path) -> list[str]:
+  """The smoke config on the sample data, with 2 Grain workers, writing under `tmp_path`."""
+  return [
+    f"grain_train_files={sample_dir}/*.parquet",
+    f"network_prepared_dir={tmp_path}/prepared",
+    f"base_output_directory={tmp_path}/runs",
+    "grain_worker_count=2",
+  ]
+
+
 @pytest.mark.parametrize(
   "command",
   [
@@ -51,22 +71,12 @@ def _workers(proc) -> int:
   ids=["batches", "bench"],
 )
 def test_sigterm_to_the_main_process_closes_its_workers(command, tmp_path, sample_dir, jax_cache):
-  overrides = [
-    f"grain_train_files={sample_dir}/*.parquet",
-    f"network_prepared_dir={tmp_path}/prepared",
-    f"base_output_directory={tmp_path}/runs",
-    "grain_worker_count=2",
-  ]
+  overrides = _overrides(sample_dir, tmp_path)
   if command[0] == "bench":
     overrides.append("--batches=1000000")
   shm = set(os.listdir("/dev/shm"))
   proc = processes.start([sys.executable, "-m", "maxtext_netdata", *command, *overrides], jax_cache)
-  deadline = time.monotonic() + 180
-  while _workers(proc) < 2 or not proc.shm_watch.seen:
-    if proc.poll() is not None or time.monotonic() > deadline:
-      proc.kill()
-      pytest.fail(f"no workers at work: {proc.communicate()[1][-2000:]}")
-    time.sleep(0.1)
+  _wait_for_workers(proc, lambda: proc.shm_watch.seen)
   time.sleep(1)  # batches in flight between the workers and the main process
   os.kill(proc.pid, signal.SIGTERM)
   code, _, err = processes.finish(proc, shm, timeout=60)
@@ -77,25 +87,15 @@ def test_sigterm_to_the_main_process_closes_its_workers(command, tmp_path, sampl
 def test_a_killed_worker_ends_batches_with_one_line_and_leaves_no_block(
   tmp_path, sample_dir, jax_cache
 ):
-  """A Grain worker of `batches` SIGKILLed while it fills its buffer: the command exits 2 (a user error) with
-  one line naming the cause, and the /dev/shm blocks the worker never handed over (named with
-  the iterator's prefix, `worker_blocks`) are gone."""
-  overrides = [
-    f"grain_train_files={sample_dir}/*.parquet",
-    f"network_prepared_dir={tmp_path}/prepared",
-    f"base_output_directory={tmp_path}/runs",
-    "grain_worker_count=2",
-  ]
+  """A Grain worker of `batches` SIGKILLed while it fills its buffer: the command exits 2 (a
+  user error) with one line naming the cause, and the /dev/shm blocks the worker never handed
+  over (named with the iterator's prefix, `worker_blocks`) are gone."""
+  overrides = _overrides(sample_dir, tmp_path)
   argv = [sys.executable, "-m", "maxtext_netdata", "batches", "configs/smoke.yml"]
   shm = set(os.listdir("/dev/shm"))
   proc = processes.start([*argv, "--steps", "1000000", *overrides], jax_cache)
-  deadline = time.monotonic() + 180
-  while _workers(proc) < 2 or not (named := _worker_block_names(proc)):
-    if proc.poll() is not None or time.monotonic() > deadline:
-      proc.kill()
-      pytest.fail(f"no workers at work: {proc.communicate()[1][-2000:]}")
-    time.sleep(0.05)
-  prefix = named[0].rsplit("_", 1)[0]
+  _wait_for_workers(proc, lambda: _worker_block_names(proc))
+  prefix = _worker_block_names(proc)[0].rsplit("_", 1)[0]
   os.kill(min(_worker_pids(proc)), signal.SIGKILL)
   code, _, err = processes.finish(proc, shm, timeout=60)
   lines = [line for line in err.splitlines() if line.startswith("maxtext-netdata batches:")]
