@@ -141,6 +141,21 @@ ACCELERATOR = Sizes(
   # size in 124 s, which left the sweeps out of the budget.
   attention_kernels=("cudnn", "cudnn_packed_fit"),
 )
+# The parts `--skip` may leave out: all but the synthetic reference and the outputs.
+SKIPPABLE = (
+  "synthetic_placed",
+  "data",
+  "network",
+  "network_on_demand",
+  "network_fixed",
+  "network_fixed_embed",
+  "attention_kernels",
+  "bench",
+  "switch_sweep",
+  "batch_sweep",
+  "synthetic_profile",
+  "loading_threads",
+)
 # The configuration the check falls back to when the configured step fails: XLA's attention
 # and every block recomputed, the least memory.
 FALLBACK = {"attention": "xla", "remat_policy": "full"}
@@ -207,6 +222,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     help=f"time budget: no part starts once it is spent (but the outputs), and the sweeps stop"
     f" before overrunning it (default {BUDGET_S:g})",
   )
+  parser.add_argument(
+    "--skip",
+    type=_part_names,
+    default=(),
+    metavar="PART[,PART]",
+    help="parts not to run, as report.json names them (a later run on the same kind of machine"
+    f" spends its minutes on what is still unmeasured): {', '.join(SKIPPABLE)}",
+  )
+
+
+def _part_names(text: str) -> tuple[str, ...]:
+  names = tuple(n.strip() for n in text.split(",") if n.strip())
+  unknown = [n for n in names if n not in SKIPPABLE]
+  if unknown:
+    raise argparse.ArgumentTypeError(
+      f"no part {', '.join(unknown)} to skip (parts: {', '.join(SKIPPABLE)})"
+    )
+  return names
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -275,7 +308,9 @@ def run(args: argparse.Namespace) -> dict:
     is spent (`always`: the synthetic reference, and the part that writes what the others
     measured)."""
     missing = [n for n in needs if report[n] is None]
-    if missing:
+    if name in args.skip:
+      report["skipped"][name] = "left out by --skip"
+    elif missing:
       report["skipped"][name] = f"needs {', '.join(missing)}"
     elif budget.left() <= 0 and not always:
       over = -budget.left()

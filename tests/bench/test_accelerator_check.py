@@ -193,6 +193,31 @@ def test_no_part_starts_once_the_budget_is_spent(tmp_path):
   assert any(line.startswith("batch_sweep skipped") and "budget" in line for line in lines)
 
 
+def test_skipped_parts_do_not_run_and_the_parts_that_need_them_say_so(tmp_path):
+  """`--skip`: a later run on a machine lent for minutes spends them on what is unmeasured.
+  The parts named are recorded as left out, those that need them as needing them, and the
+  rest still run."""
+  skip = "data,switch_sweep,batch_sweep,synthetic_profile"
+  result = _dry_run_module("--work", str(tmp_path), "--skip", skip)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads((tmp_path / "report.json").read_text())
+  assert report["errors"] == {}
+  assert report["synthetic"]["step_time"]["median"] > 0
+  assert report["synthetic_placed"]["step_time"]["median"] > 0  # not named: it ran
+  for name in skip.split(","):
+    assert report[name] is None and report["skipped"][name] == "left out by --skip"
+  assert report["skipped"]["network"] == report["skipped"]["bench"] == "needs data"
+  assert any(line.startswith("data skipped") for line in result.stdout.splitlines())
+
+
+def test_an_unknown_part_to_skip_is_one_line_before_any_part(tmp_path):
+  result = _dry_run_module("--work", str(tmp_path), "--skip", "data,netwrk")
+  assert result.returncode == 2
+  last = result.stderr.strip().splitlines()[-1]
+  assert "argument --skip: no part netwrk to skip (parts: synthetic_placed, data," in last
+  assert not (tmp_path / "report.json").exists()
+
+
 def test_a_bad_override_is_one_line_before_any_part(tmp_path):
   result = _dry_run_module("--work", str(tmp_path), "bogus_key=1")
   assert result.returncode == 2, result.stderr[-2000:]
