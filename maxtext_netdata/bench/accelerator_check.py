@@ -93,7 +93,7 @@ from maxtext_netdata.bench.accelerator_runs import (
   with_ratio,
 )
 from maxtext_netdata.config import Config, ConfigError
-from maxtext_netdata.trainer import attention, model
+from maxtext_netdata.trainer import attention, model, xla_flags
 from maxtext_netdata.trainer.profiler import trace_dir
 
 DEFAULT_CONFIG = "configs/latency_network.yml"
@@ -475,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
   )
   add_arguments(parser)
   args = parser.parse_args(argv)
+  xla_flags.apply()  # before the first backend starts
   from absl import flags
 
   # Grain reads its absl flags when it starts worker processes; only an entry point may

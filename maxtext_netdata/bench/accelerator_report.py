@@ -165,6 +165,7 @@ def environment_line(env: dict, packages: dict[str, str | None]) -> str:
   return (
     f"{env['devices']} x {env['device_kind']} ({env['platform']}, {chip}), {env['cpu_cores']}"
     f" cores, {env['host_memory_bytes'] / 2**30:.0f} GiB; python {env['python']}, {versions}"
+    f"; XLA_FLAGS {env.get('xla_flags') or 'unset'}"
   )
 
 

@@ -8,6 +8,7 @@ pipeline must beat. `environment` says which chip (and host) a process runs on.
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from importlib import metadata
@@ -147,6 +148,7 @@ def environment(peak_tflops: float | None) -> dict:
     "device_memory_bytes": memory.get("bytes_limit"),
     "cpu_cores": loading.cpu_cores(),
     "host_memory_bytes": psutil.virtual_memory().total,
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
   }
 
 

@@ -22,6 +22,7 @@ import sys
 from maxtext_netdata.cli import signals
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.errors import DataError, UserError
+from maxtext_netdata.trainer import xla_flags
 
 # Causes of a failed write, reported as one line: a full disk or quota, a file over the size
 # limit (RLIMIT_FSIZE), a read-only filesystem, no permission. Any other OSError is a fault
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
   if extra:
     args.overrides = [*args.overrides, *extra]
   args.passthrough = passthrough
+  xla_flags.apply()  # before any backend starts: XLA reads its flags then, once
   module = importlib.import_module(COMMANDS[args.command][0])
   from absl import flags  # noqa: PLC0415
 

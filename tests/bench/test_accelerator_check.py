@@ -72,6 +72,9 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   assert report["errors"] == {} and report["skipped"] == {}
   assert report["environment"]["platform"] == "cpu"
   assert report["environment"]["peak_tflops"] == 1.0
+  # The entry point added the project's XLA flags before the backend started (and says so).
+  assert "--xla_gpu_enable_triton_gemm=false" in report["environment"]["xla_flags"]
+  assert "XLA_FLAGS --xla_gpu_enable_triton_gemm=false" in table[0]
 
   shape = report["model"]
   assert (shape["sequences"], shape["max_target_length"]) == (4, 128)

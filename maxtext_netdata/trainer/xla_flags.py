@@ -1,0 +1,42 @@
+"""The XLA flags this project's runs start with, unless `XLA_FLAGS` already sets them.
+
+XLA reads `XLA_FLAGS` once, when the first backend starts (the first `jax.devices()` or
+compile), so only an entry point may add to it: the `maxtext-netdata` command (`train`,
+`bench`, `maxtext-train`, ...) and the accelerator check call `apply()` before anything starts
+a backend. A flag the environment names keeps the environment's value:
+`XLA_FLAGS=--xla_gpu_enable_triton_gemm=true maxtext-netdata train ...` runs without the
+default. The flags only change what XLA's GPU compiler does; CPU and TPU runs ignore them.
+
+- `--xla_gpu_enable_triton_gemm=false`: the matmuls go to cuBLAS, not to XLA's Triton GEMM
+  fusions. On an H200 XLA chose Triton for the latency model's key, value and output weight
+  gradients and ran them split-K (f32 partial sums, then a reduction fusion): 10.4 ms of a 74
+  ms step for 9% of its FLOPs, ~200 TFLOP/s against cuBLAS's ~750 for the other matmuls. Off, the step
+  took 67.9 against 73.9 ms at batch 32 (1.09x, MFU 33.6% -> 36.5%) and 130.0 against 134.1
+  ms at batch 64 (docs/performance.md, "A fourth H200 run"). MaxText's GPU guides set it too.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import MutableMapping
+
+DEFAULTS = {"xla_gpu_enable_triton_gemm": "false"}
+
+
+def _names(flags: str) -> set[str]:
+  """The flag names in an XLA_FLAGS value (`--name=value` or `--name`)."""
+  return {token.lstrip("-").split("=", 1)[0] for token in shlex.split(flags) if token}
+
+
+def with_defaults(flags: str) -> str:
+  """`flags` with each default it does not name put before it."""
+  named = _names(flags)
+  missing = [f"--{name}={value}" for name, value in DEFAULTS.items() if name not in named]
+  return " ".join([*missing, flags.strip()]).strip()
+
+
+def apply(environ: MutableMapping[str, str] = os.environ) -> str:
+  """Adds the defaults to `environ["XLA_FLAGS"]`; returns the new value."""
+  environ["XLA_FLAGS"] = with_defaults(environ.get("XLA_FLAGS", ""))
+  return environ["XLA_FLAGS"]
