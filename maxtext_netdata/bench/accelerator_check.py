@@ -111,30 +111,25 @@ ACCELERATOR = Sizes(
   workers=(0, 4, 8, 16),
   threads=(0, 1, 2, 4),
   thread_tokens=200e6,
-  # 16 to 64 on an H200: 33.9-36.7% MFU, rising with the batch (docs/performance.md).
+  # On an H200 with cuBLAS for every matmul: 36.5% MFU at 32, 38.1% at 64 and 96, 38.0% at
+  # 128 (docs/performance.md, "A fourth H200 run").
   batch_scales=(1.0, 2.0, 3.0),
   sweep_steps=5,
   overrides=(),
-  # Each switch against the configured settings. On an H200 (docs/performance.md) unrolled
-  # layers (scan_layers false) ran 1.18x and minimal_with_context 1.05x the scanned, minimal
-  # step, the configuration's now; the previous settings are measured against them here.
-  # Not rerun: XLA's attention (2.2-2.5x slower on an H100 and an H200) and remat_policy full
-  # (slower than minimal on both). use_iota_embed is measured on a real batch
-  # (network_fixed_embed): on the synthetic batch's uniform tokens the scatter-add it replaces
-  # costs next to nothing.
-  # Not rerun either: cuDNN's packed layout (attention=cudnn_packed), exact but no faster than
-  # cudnn in the third H200 run (1.05x slower in the step with room for 16 runs a row).
-  # In order of what they may still give, as the budget may end the sweep early.
+  # Each switch against the configured settings, in order of what they may still give, as the
+  # budget may end the sweep early. Not rerun, as measured on an H100 and H200s
+  # (docs/performance.md): XLA's attention (2.2-2.5x slower), remat_policy full and minimal
+  # (slower than minimal_with_context, 0.95-0.99x), scanned layers (0.85x the unrolled step),
+  # cuDNN's packed layout (exact, 1.05x slower in the step). use_iota_embed is measured on a
+  # real batch (network_fixed_embed): on the synthetic batch's uniform tokens the scatter-add
+  # it replaces costs next to nothing.
   switches=(
-    # The latency config's 10 heads of 64 as 5 of 128: the same parameters and FLOPs. On the
-    # H200 attention took 26% of the step for 11% of its FLOPs (one layer alone, forward and
-    # backward: 1.50 ms, ~86 TFLOP/s), and flash-attention kernels run head_dim 128 nearer
-    # the peak than 64.
+    # The latency config's 10 heads of 64 as 5 of 128: the same parameters and FLOPs, for
+    # cuDNN's attention kernels nearer the peak at head_dim 128; 1.02-1.03x on the fourth H200
+    # run (39.3% MFU at 64). A change of the model: a training comparison first.
     {"base_num_query_heads": 5, "base_num_kv_heads": 5, "head_dim": 128},
-    {"remat_policy": "none"},  # 1.04x faster at batch 32 on an H200, slower at 64
-    {"remat_policy": "minimal"},
-    {"fused_qkv": True, "fused_mlp": True},  # 0.96x on an H200
-    {"scan_layers": True},
+    {"remat_policy": "none"},  # 1.00-1.04x at 32 on H200s, 1.00x and slower at 64
+    {"fused_qkv": True, "fused_mlp": True},  # 0.96x with cuBLAS (faster only beside Triton)
   ),
   # The config's kernel and the packed layout at its fastest, which keeps its exactness on the
   # device checked. The third H200 run compiled all of `attention_kernels.KERNELS` at full
