@@ -112,7 +112,7 @@ ACCELERATOR = Sizes(
   threads=(0, 1, 2, 4),
   thread_tokens=200e6,
   # On an H200 with cuBLAS for every matmul: 36.5% MFU at 32, 38.1% at 64 and 96, 38.0% at
-  # 128 (docs/performance.md, "A fourth H200 run").
+  # 128 (docs/performance.md, "On an H200, a fourth run").
   batch_scales=(1.0, 2.0, 3.0),
   sweep_steps=5,
   overrides=(),
