@@ -146,8 +146,16 @@ def test_reading_the_loss_each_step_is_forced_synchronization(tmp_path, network,
     )
   )
   assert report["verdict"]["kind"] == bench_report.FORCED_SYNC, report["verdict"]["text"]
-  assert report["profile"]["host_waiting_on"] == bench_profile.DEVICE_READ
-  assert report["profile"]["gaps"]["steps_with_gaps"] >= len(report["profile"]["steps"]) - 1
+  gaps = report["profile"]["gaps"]
+  assert gaps["steps_with_gaps"] >= len(report["profile"]["steps"]) - 1
+  # The profile finds the reads behind the gaps, and no wait for data. Which cause leads is the
+  # machine's: on a loaded one the device here (the CPU) can end a step before the host's
+  # read begins, and such a gap is the host's other work (a clean clone's suite beside a busy
+  # core: 0.130 s of reads against 0.137 s of other work, over 4 gaps). tests/bench/
+  # test_profile.py checks the reads' attribution on a trace made to order.
+  assert gaps["by_cause_s"][bench_profile.DEVICE_READ] > 0, gaps
+  assert gaps["by_cause_s"][bench_profile.DATA] == 0, gaps
+  assert report["profile"]["host_waiting_on"] in {bench_profile.DEVICE_READ, bench_profile.HOST}
 
 
 @pytest.mark.parametrize(
