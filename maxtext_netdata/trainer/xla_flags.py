@@ -10,9 +10,9 @@ default. The flags only change what XLA's GPU compiler does; CPU and TPU runs ig
 - `--xla_gpu_enable_triton_gemm=false`: the matmuls go to cuBLAS, not to XLA's Triton GEMM
   fusions. On an H200 XLA chose Triton for the latency model's key, value and output weight
   gradients and ran them split-K (f32 partial sums, then a reduction fusion): 10.4 ms of a 74
-  ms step for 9% of its FLOPs, ~200 TFLOP/s against cuBLAS's ~750 for the other matmuls. Off, the step
-  took 67.9 against 73.9 ms at batch 32 (1.09x, MFU 33.6% -> 36.5%) and 130.0 against 134.1
-  ms at batch 64 (docs/performance.md, "On an H200, a fourth run").
+  ms step for 9% of its FLOPs, ~200 TFLOP/s against cuBLAS's ~750 for the other matmuls. Off,
+  the step took 67.9 against 73.9 ms at batch 32 (1.09x, MFU 33.6% -> 36.5%) and 130.0
+  against 134.1 ms at batch 64 (docs/performance.md, "On an H200, a fourth run").
 """
 
 from __future__ import annotations

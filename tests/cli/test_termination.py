@@ -42,14 +42,16 @@ def _workers(proc) -> int:
   return len(_worker_pids(proc))
 
 
-def _wait_for_workers(proc, ready) -> None:
-  """Waits until the run has its 2 Grain workers and `ready()` is true (3 minutes at most)."""
+def _wait_for_workers(proc, ready):
+  """Waits until the run has its 2 Grain workers and `ready()` is true (3 minutes at most);
+  returns what `ready()` returned then."""
   deadline = time.monotonic() + 180
-  while _workers(proc) < 2 or not ready():
+  while _workers(proc) < 2 or not (seen := ready()):
     if proc.poll() is not None or time.monotonic() > deadline:
       proc.kill()
       pytest.fail(f"no workers at work: {proc.communicate()[1][-2000:]}")
     time.sleep(0.05)
+  return seen
 
 
 def _overrides(sample_dir, tmp_path) -> list[str]:
@@ -94,8 +96,8 @@ def test_a_killed_worker_ends_batches_with_one_line_and_leaves_no_block(
   argv = [sys.executable, "-m", "maxtext_netdata", "batches", "configs/smoke.yml"]
   shm = set(os.listdir("/dev/shm"))
   proc = processes.start([*argv, "--steps", "1000000", *overrides], jax_cache)
-  _wait_for_workers(proc, lambda: _worker_block_names(proc))
-  prefix = _worker_block_names(proc)[0].rsplit("_", 1)[0]
+  named = _wait_for_workers(proc, lambda: _worker_block_names(proc))
+  prefix = named[0].rsplit("_", 1)[0]
   os.kill(min(_worker_pids(proc)), signal.SIGKILL)
   code, _, err = processes.finish(proc, shm, timeout=60)
   lines = [line for line in err.splitlines() if line.startswith("maxtext-netdata batches:")]
