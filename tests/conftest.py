@@ -27,7 +27,9 @@ def _shm_entries_by_module(request):
   """With NETDATA_SHM_LOG set (scripts/test.sh sets it), appends `<entry> <module>` for each
   /dev/shm entry that appeared while the module ran and is still there after it: the lines
   scripts/test.sh reads to name the module behind an entry the suite left behind (in-process
-  Grain segments are unlinked only when pytest exits, so an entry here is not yet a leak)."""
+  Grain segments are unlinked only when pytest exits, so an entry here is not yet a leak).
+  With the suite on several worker processes, a module that ran at the same time on another
+  worker can be named beside the one that left the entry."""
   log = os.environ.get("NETDATA_SHM_LOG")
   before = set(os.listdir("/dev/shm")) if log else set()
   yield

@@ -5,6 +5,7 @@ subprocesses; the config tests call MaxText's `pyconfig` in-process.
 """
 
 import asyncio
+import fcntl
 import json
 import math
 import os
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import types
 
@@ -47,6 +49,20 @@ def data_overrides(sample_dir, tmp_path_factory) -> list[str]:
 def jax_cache(tmp_path_factory) -> str:
   """Compiled steps shared by the runs of one model."""
   return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+@pytest.fixture
+def coordinator_port():
+  """Held by a test whose runs start `jax.distributed` the way MaxText does on CPUs: its
+  coordinator listens on the fixed port 1234, so such tests take turns, whichever of the
+  suite's worker processes (scripts/test.sh) runs them, through a lock file."""
+  lock = os.path.join(tempfile.gettempdir(), "maxtext_netdata-tests-port-1234.lock")
+  with open(lock, "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _train_argv(out, run_name: str, jax_cache: str, *overrides: str) -> list[str]:
@@ -397,7 +413,9 @@ def _train_processes(out, run_name, num_processes, overrides, jax_cache) -> list
 
 
 @pytest.mark.slow
-def test_resume_from_maxtext_checkpoint_across_process_counts(tmp_path, data_overrides, jax_cache):
+def test_resume_from_maxtext_checkpoint_across_process_counts(
+  tmp_path, data_overrides, jax_cache, coordinator_port
+):
   """MaxText's own checkpoints saved by 2 processes restore into 1, and 1 into 2 (Grain workers
   on the 2-process side), through MaxText's restore: the same losses and data position as an
   uninterrupted 1-process run. MaxText alone would refuse both (file count != process count)."""
@@ -460,7 +478,9 @@ async def _load(checkpointable, directory):
 
 
 @pytest.mark.slow
-def test_sigterm_with_jax_distributed_saves_and_leaves_nothing(tmp_path, data_overrides, jax_cache):
+def test_sigterm_with_jax_distributed_saves_and_leaves_nothing(
+  tmp_path, data_overrides, jax_cache, coordinator_port
+):
   """SIGTERM to MaxText's trainer with `jax.distributed` on (MaxText's CPU variables, one
   process) and `enable_autocheckpoint`: it saves a checkpoint holding the next data position at
   JAX's sync step and ends with status 0; no process of its session (2 Grain workers) and no
