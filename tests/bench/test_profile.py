@@ -83,12 +83,17 @@ def test_back_to_back_steps_have_no_gaps(tmp_path):
 
 
 def test_a_sleeping_loader_leaves_gaps_while_the_host_waits_for_data(tmp_path, step_s):
-  result = _run(tmp_path, loader_sleep=SLEEP_S + step_s)
+  # The device computes a step while the loader sleeps for the next batch: a gap is the sleep
+  # less the step, whose time here is the fixture's estimate. A loaded machine can slow the
+  # traced steps by tens of ms (a 0.016 s median gap where 0.04 s was wanted, with the suite's
+  # two worker processes beside a busy core), so the loader waits 0.1 s beyond the step.
+  wait = 0.1
+  result = _run(tmp_path, loader_sleep=wait + step_s)
   # Every step but the first (whose batch came before the trace's first step started).
   assert result["gaps"]["steps_with_gaps"] >= STEPS - 1
   assert result["host_waiting_on"] == profile.DATA
   gaps = [g["seconds"] for s in result["steps"] for g in s["gaps"]]
-  assert np.median(gaps) == pytest.approx(SLEEP_S, rel=0.5)
+  assert np.median(gaps) == pytest.approx(wait, rel=0.5)
   assert result["idle_share"]["median"] > 0.2
 
 
