@@ -58,11 +58,8 @@ def coordinator_port():
   suite's worker processes (scripts/test.sh) runs them, through a lock file."""
   lock = os.path.join(tempfile.gettempdir(), "maxtext_netdata-tests-port-1234.lock")
   with open(lock, "a") as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
+    fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+    yield
 
 
 def _train_argv(out, run_name: str, jax_cache: str, *overrides: str) -> list[str]:
