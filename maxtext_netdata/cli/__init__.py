@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-from maxtext_netdata.cli import signals
+from maxtext_netdata.cli import huge_pages, signals
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.errors import DataError, UserError
 from maxtext_netdata.trainer import xla_flags
@@ -79,6 +79,8 @@ def _write_failure_line(error: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+  if argv is None:  # the command itself, not a call from Python: start with huge pages
+    huge_pages.restart_with_huge_pages()
   argv = list(sys.argv[1:] if argv is None else argv)
   # Options after `--` belong to another program (`prepare --runner beam -- --runner=...`).
   passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []

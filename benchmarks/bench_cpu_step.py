@@ -1,0 +1,105 @@
+"""The trainer's step on XLA's CPU backend with and without huge pages for glibc's large blocks.
+
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_cpu_step.py [--config configs/smoke.yml]
+        [--steps 30] [--rounds 2] [key=value ...]
+
+Each round starts two fresh processes, one after the other: `GLIBC_TUNABLES` with
+`glibc.malloc.hugetlb=0` (glibc's default) and with `=1` (what `scripts/setup_env.sh` and the
+`maxtext-netdata` command start with: `maxtext_netdata/cli/huge_pages.py`). Each jits the
+config's train step (`trainer.train.Trainer`), runs it once to compile, then times `--steps`
+steps on one fixed synthetic batch, waiting for each. Prints per process: the median and best
+step, and the minor page faults and system CPU time per step (`getrusage` around the timed
+steps); then the median step of each setting over the rounds and their ratio. A shared
+machine only slows a run down, so compare the best as well as the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SETTINGS = {"glibc default": "glibc.malloc.hugetlb=0", "huge pages": "glibc.malloc.hugetlb=1"}
+
+
+def _child(config: str, steps: int, overrides: list[str]) -> None:
+  import jax  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+
+  sys.path.insert(0, ROOT)
+  from maxtext_netdata import config as config_lib  # noqa: PLC0415
+  from maxtext_netdata.distributed.mesh import make_mesh  # noqa: PLC0415
+  from maxtext_netdata.trainer.train import Trainer  # noqa: PLC0415
+
+  cfg = config_lib.load(config, ["dataset_type=synthetic", *overrides])
+  trainer = Trainer(cfg, make_mesh(cfg))
+  state = trainer.init_state(jax.random.key(0))
+  rows, length = cfg.global_batch_size(jax.device_count()), cfg.max_target_length
+  tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, length), dtype=np.int32)
+  positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
+  ones = np.ones((rows, length), np.int32)
+  batch = {"inputs": tokens, "targets": tokens, "inputs_position": positions}
+  batch |= {"targets_position": positions, "inputs_segmentation": ones}
+  batch |= {"targets_segmentation": ones}
+  batch = jax.device_put(batch, trainer.batch_sharding)
+  state, metrics = trainer.train_step(state, batch)  # compile
+  jax.block_until_ready(metrics)
+  before, times = resource.getrusage(resource.RUSAGE_SELF), []
+  for _ in range(steps):
+    start = time.perf_counter()
+    state, metrics = trainer.train_step(state, batch)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - start)
+  after = resource.getrusage(resource.RUSAGE_SELF)
+  print(
+    json.dumps(
+      {
+        "median_s": statistics.median(times),
+        "best_s": min(times),
+        "faults_per_step": (after.ru_minflt - before.ru_minflt) / steps,
+        "sys_s_per_step": (after.ru_stime - before.ru_stime) / steps,
+      }
+    )
+  )
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--config", default=os.path.join(ROOT, "configs", "smoke.yml"))
+  parser.add_argument("--steps", type=int, default=30)
+  parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  args, overrides = parser.parse_known_args()
+  if args.child:
+    _child(args.config, args.steps, overrides)
+    return
+  medians: dict[str, list[float]] = {name: [] for name in SETTINGS}
+  for round_ in range(args.rounds):
+    for name, tunables in SETTINGS.items():
+      env = {**os.environ, "GLIBC_TUNABLES": tunables, "JAX_PLATFORMS": "cpu"}
+      command = [sys.executable, __file__, "--child", "--config", args.config]
+      command += ["--steps", str(args.steps), *overrides]
+      out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+      result = json.loads(out.strip().splitlines()[-1])
+      medians[name].append(result["median_s"])
+      print(
+        f"round {round_ + 1} {name:13s} median {result['median_s'] * 1e3:7.1f} ms,"
+        f" best {result['best_s'] * 1e3:7.1f} ms, {result['faults_per_step']:8,.0f} page faults"
+        f" and {result['sys_s_per_step'] * 1e3:5.1f} ms system CPU a step",
+        flush=True,
+      )
+  default, huge = (statistics.median(medians[name]) for name in SETTINGS)
+  print(
+    f"median step: glibc default {default * 1e3:.1f} ms, huge pages {huge * 1e3:.1f} ms"
+    f" ({default / huge:.2f}x)"
+  )
+
+
+if __name__ == "__main__":
+  main()
