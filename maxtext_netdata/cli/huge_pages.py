@@ -32,6 +32,9 @@ from collections.abc import Mapping
 TUNABLE = "glibc.malloc.hugetlb"
 VALUE = f"{TUNABLE}=1"
 SWITCH = "NETDATA_HUGE_PAGES"  # `0`: leave the environment as it is
+# Set by the restart: a C library that drops `GLIBC_TUNABLES` from the environment (glibc does
+# for set-user-ID programs) must not make the command start itself again and again.
+RESTARTED = "NETDATA_HUGE_PAGES_RESTARTED"
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 _FIRST_GLIBC = (2, 35)
 
@@ -63,7 +66,7 @@ def tunables_with_huge_pages(
   """The `GLIBC_TUNABLES` value to start with, or None where the environment stays as it is."""
   tunables = environ.get("GLIBC_TUNABLES", "")
   named = {item.split("=", 1)[0] for item in tunables.split(":") if item}
-  if environ.get(SWITCH) == "0" or TUNABLE in named or not thp:
+  if environ.get(SWITCH) == "0" or RESTARTED in environ or TUNABLE in named or not thp:
     return None
   if glibc is None or glibc < _FIRST_GLIBC:
     return None
@@ -76,7 +79,7 @@ def restart_with_huge_pages() -> None:
   tunables = tunables_with_huge_pages(os.environ, glibc_version(), thp_enabled())
   if tunables is None:
     return
-  environ = {**os.environ, "GLIBC_TUNABLES": tunables}
+  environ = {**os.environ, "GLIBC_TUNABLES": tunables, RESTARTED: "1"}
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, sys.orig_argv, environ)

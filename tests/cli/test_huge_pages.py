@@ -22,9 +22,8 @@ _SUPPORTED = huge_pages.glibc_version() is not None and huge_pages.glibc_version
 
 
 def _probe(**env: str) -> list[str]:
-  environ = {
-    k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "NETDATA_HUGE_PAGES")
-  }
+  names = ("GLIBC_TUNABLES", huge_pages.SWITCH, huge_pages.RESTARTED)
+  environ = {k: v for k, v in os.environ.items() if k not in names}
   result = subprocess.run(
     [sys.executable, "-c", _PROBE, "decode"],
     cwd=REPO,
@@ -66,6 +65,7 @@ def test_a_users_value_and_the_switch_leave_the_environment_alone():
     ),
     ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}, (2, 36), True, None),
     ({"NETDATA_HUGE_PAGES": "0"}, (2, 36), True, None),
+    ({huge_pages.RESTARTED: "1"}, (2, 36), True, None),  # started again once already
     ({}, (2, 34), True, None),  # glibc before the tunable
     ({}, None, True, None),  # another C library
     ({}, (2, 36), False, None),  # THP switched off
