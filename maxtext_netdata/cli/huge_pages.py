@@ -12,10 +12,11 @@ same. Batches are not affected: the loader reuses its buffers (`input_pipeline/b
 
 glibc reads `GLIBC_TUNABLES` once, when a process starts, so the `maxtext-netdata` command
 starts itself again, at once, with the tunable added (`os.execve` of `sys.orig_argv`: the same
-process id and command line, before the subcommand's modules are imported), where all of these hold: Linux with
-glibc 2.35 or later (the first with the tunable), transparent huge pages not switched off
-(`/sys/kernel/mm/transparent_hugepage/enabled` is not `[never]`), the environment not naming
-`glibc.malloc.hugetlb` already (a user's own value is kept), and `NETDATA_HUGE_PAGES` not `0`.
+process id and command line, before the subcommand's modules are imported), where all of these
+hold: Linux with glibc 2.35 or later (the first with the tunable), transparent huge pages not
+switched off (`/sys/kernel/mm/transparent_hugepage/enabled` is not `[never]`), the environment
+not naming `glibc.malloc.hugetlb` already (a user's own value is kept), `NETDATA_HUGE_PAGES` not
+`0`, and no restart before (`RESTARTED`).
 The project's scripts export the tunable themselves (`scripts/setup_env.sh`), so the runs,
 tests and checks they start, and their worker processes, begin with it.
 
