@@ -23,6 +23,17 @@ from collections.abc import MutableMapping
 
 DEFAULTS = {"xla_gpu_enable_triton_gemm": "false"}
 
+# Flag sets not yet measured on an accelerator, each to be run against the defaults
+# (docs/performance.md, "Next on an accelerator"): what may still cut the ~18 ms of
+# memory-bound fusions in the H200's 68 ms step, by fusing elementwise work into the matmuls
+# (cuDNN's GEMM fusions, cuBLASLt's epilogues) or by XLA's block-level Triton emitter for the
+# norms. tests/trainer/test_xla_flags.py checks that the installed XLA knows each flag.
+CANDIDATES = {
+  "cudnn_gemm_fusion": "--xla_gpu_enable_triton_gemm=true --xla_gpu_cudnn_gemm_fusion_level=2",
+  "cublaslt": "--xla_gpu_enable_cublaslt=true",
+  "block_level_fusions": "--xla_gpu_experimental_enable_fusion_block_level_rewriter=true",
+}
+
 
 def _names(flags: str) -> set[str]:
   """The flag names in an XLA_FLAGS value (`--name=value` or `--name`)."""

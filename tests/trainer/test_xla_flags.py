@@ -39,6 +39,20 @@ def test_apply_sets_the_environment_and_is_idempotent():
   assert xla_flags.apply(environ) == TRITON_OFF
 
 
+def test_the_installed_xla_knows_every_candidate_flag():
+  """The candidates are for a machine lent for minutes: a name XLA does not know would end that
+  run at its first device instead of measuring."""
+  flags = " ".join(xla_flags.CANDIDATES.values())
+  result = subprocess.run(
+    [sys.executable, "-c", "import jax; print(len(jax.devices()))"],
+    env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert result.returncode == 0 and result.stdout.strip() == "1", result.stderr[-2000:]
+
+
 def test_the_installed_xla_accepts_the_flags_and_keeps_the_environment_s_own():
   """XLA aborts the process on a flag it does not know: a default this jaxlib lacks would end
   every run at its first device. The user's flag (3 host devices) must still take effect."""
