@@ -78,9 +78,12 @@ def restart_with_huge_pages() -> None:
   """Starts this process's command line again with the tunable set, where
   `tunables_with_huge_pages` gives a value; returns where it gives None."""
   tunables = tunables_with_huge_pages(os.environ, glibc_version(), thp_enabled())
-  if tunables is None:
+  if tunables is None or not sys.executable or not sys.orig_argv:  # an embedded interpreter
     return
   environ = {**os.environ, "GLIBC_TUNABLES": tunables, RESTARTED: "1"}
   sys.stdout.flush()
   sys.stderr.flush()
-  os.execve(sys.executable, sys.orig_argv, environ)
+  try:
+    os.execve(sys.executable, sys.orig_argv, environ)
+  except OSError:  # the interpreter cannot be started again: run on without huge pages
+    return
