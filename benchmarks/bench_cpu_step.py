@@ -7,10 +7,11 @@ Each round starts two fresh processes, one after the other: `GLIBC_TUNABLES` wit
 `glibc.malloc.hugetlb=0` (glibc's default) and with `=1` (what `scripts/setup_env.sh` and the
 `maxtext-netdata` command start with: `maxtext_netdata/cli/huge_pages.py`). Each jits the
 config's train step (`trainer.train.Trainer`), runs it once to compile, then times `--steps`
-steps on one fixed synthetic batch, waiting for each. Prints per process: the median and best
-step, and the minor page faults and system CPU time per step (`getrusage` around the timed
-steps); then the median step of each setting over the rounds and their ratio. A shared
-machine only slows a run down, so compare the best as well as the median.
+steps on the `synthetic` dataset's fixed batch (`interface.create_data_iterator`), waiting for
+each. Prints per process: the median and best step, and the minor page faults and system CPU
+time per step (`getrusage` around the timed steps); then the median step of each setting over
+the rounds and their ratio. A shared machine only slows a run down, so compare the best as well
+as the median.
 """
 
 from __future__ import annotations
@@ -30,24 +31,19 @@ SETTINGS = {"glibc default": "glibc.malloc.hugetlb=0", "huge pages": "glibc.mall
 
 def _child(config: str, steps: int, overrides: list[str]) -> None:
   import jax  # noqa: PLC0415
-  import numpy as np  # noqa: PLC0415
 
   sys.path.insert(0, ROOT)
   from maxtext_netdata import config as config_lib  # noqa: PLC0415
   from maxtext_netdata.distributed.mesh import make_mesh  # noqa: PLC0415
+  from maxtext_netdata.input_pipeline import interface  # noqa: PLC0415
   from maxtext_netdata.trainer.train import Trainer  # noqa: PLC0415
 
   cfg = config_lib.load(config, ["dataset_type=synthetic", *overrides])
-  trainer = Trainer(cfg, make_mesh(cfg))
+  mesh = make_mesh(cfg)
+  trainer = Trainer(cfg, mesh)
   state = trainer.init_state(jax.random.key(0))
-  rows, length = cfg.global_batch_size(jax.device_count()), cfg.max_target_length
-  tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (rows, length), dtype=np.int32)
-  positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
-  ones = np.ones((rows, length), np.int32)
-  batch = {"inputs": tokens, "targets": tokens, "inputs_position": positions}
-  batch |= {"targets_position": positions, "inputs_segmentation": ones}
-  batch |= {"targets_segmentation": ones}
-  batch = jax.device_put(batch, trainer.batch_sharding)
+  train, _ = interface.create_data_iterator(cfg, mesh)  # the synthetic dataset's fixed batch
+  batch = next(train)
   state, metrics = trainer.train_step(state, batch)  # compile
   jax.block_until_ready(metrics)
   before, times = resource.getrusage(resource.RUSAGE_SELF), []
