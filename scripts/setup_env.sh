@@ -65,7 +65,7 @@ _netdata_status=$?
 if [ "$_netdata_status" -eq 0 ]; then
   export PATH="$_netdata_venv/bin:$PATH"
   export VIRTUAL_ENV="$_netdata_venv"
-  # Transparent huge pages for glibc's large blocks: XLA's CPU step 1.35-1.4x as fast
+  # Transparent huge pages for glibc's large blocks: XLA's CPU step 1.34x as fast
   # (maxtext_netdata/cli/huge_pages.py says why). A value naming the tunable is kept;
   # NETDATA_HUGE_PAGES=0 leaves the environment alone. Older glibc ignores the name.
   case ":${GLIBC_TUNABLES:-}:" in

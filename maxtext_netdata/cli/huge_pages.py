@@ -4,11 +4,11 @@ XLA's CPU backend takes each execution's temporary buffer from malloc and frees 
 execution ends: 130 MB for the smoke model's train step (`configs/smoke.yml`). glibc serves
 and returns a block that size with `mmap` and `munmap`, so every step maps, faults in and
 zeroes ~32,000 fresh 4 KiB pages, then unmaps them: 18% of the CPU time of a smoke step
-(`perf`), and a kernel lock the step's threads queue on. With the tunable, glibc asks the
-kernel for transparent huge pages on such blocks (`madvise(MADV_HUGEPAGE)`): 512 times fewer
-faults, and the smoke step runs 1.35-1.4x as fast on the 2-core development VM (250 -> 180
-ms median; `benchmarks/bench_cpu_step.py` measures it). The process's peak memory stays the
-same. Batches are not affected: the loader reuses its buffers (`input_pipeline/buffers.py`).
+(`perf`). With the tunable, glibc asks the kernel for transparent huge pages on such blocks
+(`madvise(MADV_HUGEPAGE)`): ~430 faults a step, and the smoke step runs 1.34x as fast on the
+2-core development VM (249.7 -> 186.3 ms, the median of three rounds' medians;
+`benchmarks/bench_cpu_step.py` measures it). The process's peak memory stays the same.
+Batches are not affected: the loader reuses its buffers (`input_pipeline/buffers.py`).
 
 glibc reads `GLIBC_TUNABLES` once, when a process starts, so the `maxtext-netdata` command
 starts itself again, at once, with the tunable added (`os.execve` of `sys.orig_argv`: the same
