@@ -1,17 +1,21 @@
-"""The trainer's step on XLA's CPU backend with and without huge pages for glibc's large blocks.
+"""The trainer's step on XLA's CPU backend: what huge pages for glibc's large blocks and the
+MLP's backward shaped for XLA:CPU each gain.
 
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_cpu_step.py [--config configs/smoke.yml]
         [--steps 30] [--rounds 2] [key=value ...]
 
-Each round starts two fresh processes, one after the other: `GLIBC_TUNABLES` with
-`glibc.malloc.hugetlb=0` (glibc's default) and with `=1` (what `scripts/setup_env.sh` and the
-`maxtext-netdata` command start with: `maxtext_netdata/cli/huge_pages.py`). Each jits the
-config's train step (`trainer.train.Trainer`), runs it once to compile, then times `--steps`
-steps on the `synthetic` dataset's fixed batch (`interface.create_data_iterator`), waiting for
-each. Prints per process: the median and best step, and the minor page faults and system CPU
-time per step (`getrusage` around the timed steps); then the median step of each setting over
-the rounds and their ratio. A shared machine only slows a run down, so compare the best as well
-as the median.
+Each round starts three fresh processes, one after the other:
+- `glibc default`: `GLIBC_TUNABLES` with `glibc.malloc.hugetlb=0` (glibc's default), the MLP's
+  product differentiated by autodiff (`silu(gate) * up`): the step as it was before either;
+- `huge pages`: `glibc.malloc.hugetlb=1` (what `scripts/setup_env.sh` and the
+  `maxtext-netdata` command start with: `maxtext_netdata/cli/huge_pages.py`), autodiff's MLP;
+- `+ mlp backward`: huge pages and `model.gated_silu_for_cpu`, what the trainer runs on a CPU.
+Each jits the config's train step (`trainer.train.Trainer`), runs it once to compile, then
+times `--steps` steps on the `synthetic` dataset's fixed batch
+(`interface.create_data_iterator`), waiting for each. Prints per process: the median and best
+step, and the minor page faults and system CPU time per step (`getrusage` around the timed
+steps); then the median step of each setting over the rounds and its ratio to the first. A
+shared machine only slows a run down, so compare the best as well as the median.
 """
 
 from __future__ import annotations
@@ -26,17 +30,26 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SETTINGS = {"glibc default": "glibc.malloc.hugetlb=0", "huge pages": "glibc.malloc.hugetlb=1"}
+# name → (GLIBC_TUNABLES, the MLP's product: the trainer's CPU one or autodiff's)
+SETTINGS = {
+  "glibc default": ("glibc.malloc.hugetlb=0", "autodiff"),
+  "huge pages": ("glibc.malloc.hugetlb=1", "autodiff"),
+  "+ mlp backward": ("glibc.malloc.hugetlb=1", "cpu"),
+}
 
 
-def _child(config: str, steps: int, overrides: list[str]) -> None:
+def _child(config: str, steps: int, mlp: str, overrides: list[str]) -> None:
   import jax  # noqa: PLC0415
 
   sys.path.insert(0, ROOT)
   from maxtext_netdata import config as config_lib  # noqa: PLC0415
   from maxtext_netdata.distributed.mesh import make_mesh  # noqa: PLC0415
   from maxtext_netdata.input_pipeline import interface  # noqa: PLC0415
+  from maxtext_netdata.trainer import model  # noqa: PLC0415
   from maxtext_netdata.trainer.train import Trainer  # noqa: PLC0415
+
+  if mlp == "autodiff":  # the product without its CPU-shaped backward, as before it
+    model.gated_silu_for_cpu = lambda gate, up: jax.nn.silu(gate) * up
 
   cfg = config_lib.load(config, ["dataset_type=synthetic", *overrides])
   mesh = make_mesh(cfg)
@@ -70,30 +83,31 @@ def main() -> None:
   parser.add_argument("--config", default=os.path.join(ROOT, "configs", "smoke.yml"))
   parser.add_argument("--steps", type=int, default=30)
   parser.add_argument("--rounds", type=int, default=2)
-  parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  parser.add_argument("--child", choices=("autodiff", "cpu"), help=argparse.SUPPRESS)
   args, overrides = parser.parse_known_args()
   if args.child:
-    _child(args.config, args.steps, overrides)
+    _child(args.config, args.steps, args.child, overrides)
     return
   medians: dict[str, list[float]] = {name: [] for name in SETTINGS}
   for round_ in range(args.rounds):
-    for name, tunables in SETTINGS.items():
+    for name, (tunables, mlp) in SETTINGS.items():
       env = {**os.environ, "GLIBC_TUNABLES": tunables, "JAX_PLATFORMS": "cpu"}
-      command = [sys.executable, __file__, "--child", "--config", args.config]
+      command = [sys.executable, __file__, "--child", mlp, "--config", args.config]
       command += ["--steps", str(args.steps), *overrides]
       out = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
       result = json.loads(out.strip().splitlines()[-1])
       medians[name].append(result["median_s"])
       print(
-        f"round {round_ + 1} {name:13s} median {result['median_s'] * 1e3:7.1f} ms,"
+        f"round {round_ + 1} {name:14s} median {result['median_s'] * 1e3:7.1f} ms,"
         f" best {result['best_s'] * 1e3:7.1f} ms, {result['faults_per_step']:8,.0f} page faults"
         f" and {result['sys_s_per_step'] * 1e3:5.1f} ms system CPU a step",
         flush=True,
       )
-  default, huge = (statistics.median(medians[name]) for name in SETTINGS)
+  steps = {name: statistics.median(times) for name, times in medians.items()}
+  first = steps["glibc default"]
   print(
-    f"median step: glibc default {default * 1e3:.1f} ms, huge pages {huge * 1e3:.1f} ms"
-    f" ({default / huge:.2f}x)"
+    "median step: "
+    + ", ".join(f"{name} {step * 1e3:.1f} ms ({first / step:.2f}x)" for name, step in steps.items())
   )
 
 

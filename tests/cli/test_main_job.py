@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import REPO
 
 
-@pytest.mark.slow  # two 300-step trainings of the smoke model: 2.5 minutes
+@pytest.mark.slow  # two 300-step trainings of the smoke model: 2.3 minutes
 def test_main_job_trains_compares_and_beats_the_rtt_baseline(tmp_path):
   runs, sample = tmp_path / "runs", tmp_path / "sample"
   env = {**os.environ, "NETDATA_RUNS": str(runs), "NETDATA_SAMPLE": str(sample)}

@@ -355,6 +355,40 @@ def _fused_params(params):
   return {**params, "layers": layers}
 
 
+@pytest.mark.parametrize("dtype, rtol", [(jnp.float32, 1e-6), (jnp.bfloat16, 2**-7)])
+def test_the_cpus_gated_silu_has_autodiffs_values_and_gradients(dtype, rtol):
+  """`gated_silu_for_cpu` (the MLP's product with its backward shaped for XLA:CPU) gives the
+  values of `silu(gate) * up` and the gradients JAX's autodiff takes of it, gates saturated
+  both ways included: float32 to 1e-6, bfloat16 to its own rounding (2^-7)."""
+  rng = np.random.default_rng(11)
+  gate = jnp.asarray(rng.normal(0, 4, (64, 96)), dtype).at[0, :4].set(jnp.array([-30, 30, 0, -1]))
+  up = jnp.asarray(rng.normal(0, 1, (64, 96)), dtype)
+  weight = jnp.asarray(rng.normal(0, 1, (64, 96)), jnp.float32)
+
+  def loss(product):
+    return lambda gate, up: jnp.sum(product(gate, up).astype(jnp.float32) * weight)
+
+  reference = loss(lambda gate, up: nn.silu(gate) * up)
+  got = jax.jit(jax.value_and_grad(loss(model.gated_silu_for_cpu), (0, 1)))(gate, up)
+  want = jax.jit(jax.value_and_grad(reference, (0, 1)))(gate, up)
+  np.testing.assert_array_equal(model.gated_silu_for_cpu(gate, up), nn.silu(gate) * up)
+  np.testing.assert_allclose(got[0], want[0], rtol=rtol)
+  for grad, want_grad in zip(got[1], want[1], strict=True):
+    assert grad.dtype == dtype
+    want_grad = np.asarray(want_grad, np.float32)
+    np.testing.assert_allclose(np.asarray(grad, np.float32), want_grad, rtol=rtol, atol=rtol)
+
+
+def test_on_the_cpu_the_mlp_takes_the_backward_shaped_for_it():
+  """The model's MLP on the CPU goes through `gated_silu_for_cpu`, whose barrier keeps its
+  gradients out of the transposing fusion (the step 1.25x as fast: docs/performance.md)."""
+  cfg, transformer, params = _setup("dtype=float32")
+  batch = _packed_batch(cfg, np.random.default_rng(4))
+  _, loss = _loss_and_grads(cfg, params, batch)
+  text = str(jax.make_jaxpr(jax.grad(loss))(params))
+  assert "fwd=_gated_silu_forward" in text and "optimization_barrier" in text
+
+
 def test_fused_projections_compute_the_same_function_and_keep_the_same(capsys):
   """fused_qkv and fused_mlp with the unfused weights stacked: the same loss and gradients
   (1e-5, float32), parameters of the same count, and under `minimal` the backward pass keeps
