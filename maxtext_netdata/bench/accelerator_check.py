@@ -128,13 +128,16 @@ ACCELERATOR = Sizes(
     # cuDNN's attention kernels nearer the peak at head_dim 128; 1.02-1.03x on the fourth H200
     # run (39.3% MFU at 64). A change of the model: a training comparison first.
     {"base_num_query_heads": 5, "base_num_kv_heads": 5, "head_dim": 128},
+    # Pallas's flash attention on the segment ids (no mask bias, Triton's kernels): not yet
+    # measured on a device; attention took 28% of the H200 step for 11% of its FLOPs.
+    {"attention": "pallas"},
     {"remat_policy": "none"},  # 1.00-1.04x at 32 on H200s, 1.00x and slower at 64
     {"fused_qkv": True, "fused_mlp": True},  # 0.96x with cuBLAS (faster only beside Triton)
   ),
   # The config's kernel and the packed layout at its fastest, which keeps its exactness on the
   # device checked. The third H200 run compiled all of `attention_kernels.KERNELS` at full
   # size in 124 s, which left the sweeps out of the budget.
-  attention_kernels=("cudnn", "cudnn_packed_fit"),
+  attention_kernels=("cudnn", "cudnn_packed_fit", "pallas"),
 )
 # The parts `--skip` may leave out: all but the synthetic reference and the outputs.
 SKIPPABLE = (
@@ -181,7 +184,8 @@ DRY_RUN = Sizes(
     {"attention": "einsum"},
     {"dtype": "bfloat16"},
   ),
-  attention_kernels=("cudnn", "cudnn_packed_fit", "xla"),  # XLA's runs on a CPU
+  # XLA's runs on a CPU, and Pallas's interpreted (the same code path as on a GPU)
+  attention_kernels=("cudnn", "cudnn_packed_fit", "xla", "pallas"),
 )
 
 

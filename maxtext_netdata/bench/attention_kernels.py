@@ -2,9 +2,10 @@
 batch's segments: time and error against the float32 einsum reference.
 
 The accelerator check runs it on a real batch (`attention_kernels` in its report): whether
-cuDNN's packed layout (`cudnn_packed`, no [b, 1, T, T] mask bias, one sequence per segment)
-beats `cudnn` with the mask on the device, and whether it computes the same function there,
-which a CPU cannot run. A kernel that cannot run here (no cuDNN on a CPU, a GPU older than
+cuDNN's packed layout (`cudnn_packed`, no [b, 1, T, T] mask bias, one sequence per segment) or
+Pallas's flash attention on the segment ids (`pallas`) beats `cudnn` with the mask on the
+device, and whether they compute the same function there, which a CPU cannot run (Pallas's
+kernel runs here only interpreted). A kernel that cannot run here (no cuDNN on a CPU, a GPU older than
 Hopper for the packed layout) is recorded with its error and the next one runs.
 """
 
@@ -32,6 +33,7 @@ KERNELS = (
   ("cudnn_packed_fit", "cudnn_packed", FIT),
   ("cudnn_packed_short", "cudnn_packed", SHORT),
   ("xla", "xla", None),
+  ("pallas", "pallas", None),
 )
 
 

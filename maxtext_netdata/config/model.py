@@ -266,13 +266,13 @@ class ConfigModel(BaseModel):
   )
   weight_dtype: Literal["bfloat16", "float32"] = Field("float32", description="parameter dtype")
   logits_dot_in_fp32: bool = Field(True, description="compute the output projection in float32")
-  attention: Literal["dot_product", "xla", "cudnn", "cudnn_packed", "einsum"] = Field(
+  attention: Literal["dot_product", "xla", "cudnn", "cudnn_packed", "pallas", "einsum"] = Field(
     "dot_product",
     description="attention kernel: dot_product (jax.nn.dot_product_attention: cuDNN's fused"
     " kernel on a GPU in bfloat16/float16 where it takes the shapes, else XLA's),"
     " xla, cudnn (fused, GPU, bfloat16/float16 only), cudnn_packed (cuDNN's packed layout,"
-    " one sequence per segment, no mask bias; Hopper GPUs or later) or einsum (plain"
-    " einsum + softmax)",
+    " one sequence per segment, no mask bias; Hopper GPUs or later), pallas (JAX's Pallas"
+    " flash attention on the segment ids; GPU only) or einsum (plain einsum + softmax)",
   )
   max_segments_per_seq: Positive = Field(
     16,

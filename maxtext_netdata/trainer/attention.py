@@ -21,6 +21,12 @@ same segment, exactly (docs/training.md, "Attention"):
   a test compares the mask the runs imply with `attention_mask` on generated batches;
   `max_segments_per_seq` (MaxText's key) is the room for runs a row, and a batch with a row
   of more takes the same-segment mask's kernel for that step instead (a `lax.cond`);
+- `pallas`: JAX's Pallas flash-attention kernel for GPUs
+  (`jax.experimental.pallas.ops.gpu.attention.mha`, lowered through Triton), which takes the
+  segment ids themselves: causal and same segment inside the kernel, no [b, 1, T, T] mask to
+  read, the tiles above the diagonal skipped, forward and backward. Off a GPU it runs in
+  Pallas's interpreter (how the CPU tests check it computes the same function), far too slow
+  to train with, so the trainer takes it on a GPU only;
 - `einsum`: the plain einsum + softmax over a dense causal-and-segment mask, the reference
   the others are tested against.
 """
@@ -129,15 +135,65 @@ def packed_attention(
   return jax.lax.cond(packed.fits, packed_kernel, masked_kernel, query, key, value)
 
 
+# The Pallas kernel's tiles: the forward's (query x key rows) and the backward's, for dK/dV and
+# for dQ; those of Triton's fused-attention tutorial for head_dim 64 on Hopper, each capped at
+# the sequence length (which they must divide).
+PALLAS_BLOCKS = {"q": 128, "k": 64, "q_dkv": 32, "kv_dkv": 128, "q_dq": 128, "kv_dq": 32}
+
+
+def pallas_attention(
+  query: jax.Array, key: jax.Array, value: jax.Array, segmentation: jax.Array
+) -> jax.Array:
+  """Causal attention within segments by Pallas's flash-attention kernel, which compares the
+  segment ids `segmentation` [b, T] itself; key/value heads are repeated for grouped queries
+  (the kernel takes one head count). Interpreted off a GPU."""
+  import warnings  # noqa: PLC0415
+
+  with warnings.catch_warnings():  # JAX names a successor; the kernel is the one it ships
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from jax.experimental.pallas.ops.gpu import attention as pallas_gpu  # noqa: PLC0415
+
+  groups = query.shape[2] // key.shape[2]
+  if groups > 1:
+    key, value = jnp.repeat(key, groups, axis=2), jnp.repeat(value, groups, axis=2)
+  length = query.shape[1]
+  blocks = {name: min(size, length) for name, size in PALLAS_BLOCKS.items()}
+  uneven = sorted({size for size in blocks.values() if length % size})
+  if uneven:
+    raise ValueError(
+      f"attention=pallas: max_target_length={length} must be a multiple of its tiles {uneven}"
+    )
+  return pallas_gpu.mha(
+    query,
+    key,
+    value,
+    segmentation.astype(jnp.int32),
+    sm_scale=query.shape[-1] ** -0.5,
+    causal=True,
+    block_sizes=pallas_gpu.BlockSizes(
+      block_q=blocks["q"],
+      block_k=blocks["k"],
+      block_q_dkv=blocks["q_dkv"],
+      block_kv_dkv=blocks["kv_dkv"],
+      block_q_dq=blocks["q_dq"],
+      block_kv_dq=blocks["kv_dq"],
+    ),
+    interpret=jax.default_backend() != "gpu",
+  )
+
+
 def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask, kernel: str) -> jax.Array:
   """Causal attention within segments by `kernel` (the `attention` key).
 
   `mask` is what `kernel_mask` builds: `attention_mask(...)` for `einsum`, `PackedSegments`
-  for `cudnn_packed`, `segment_mask(...)` for the others, which add causality with
-  `is_causal=True`. Grouped-query heads go to the kernels as they are (they group them).
+  for `cudnn_packed`, the segment ids for `pallas`, `segment_mask(...)` for the others, which
+  add causality with `is_causal=True`. Grouped-query heads go to the kernels as they are (they
+  group them).
   """
   if kernel == "einsum":
     return einsum_attention(query, key, value, mask)
+  if kernel == "pallas":
+    return pallas_attention(query, key, value, mask)
   if kernel == "cudnn_packed":
     return packed_attention(query, key, value, mask)
 
@@ -200,4 +256,6 @@ def kernel_mask(segmentation: jax.Array, kernel: str, max_segments_per_seq: int 
     return attention_mask(segmentation)
   if kernel == "cudnn_packed":
     return packed_segments(segmentation, max_segments_per_seq)
+  if kernel == "pallas":
+    return segmentation
   return segment_mask(segmentation)

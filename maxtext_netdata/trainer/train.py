@@ -56,6 +56,12 @@ def check_config(config: Config, mesh: jax.sharding.Mesh) -> int:
       f" (cuDNN's fused kernel); here: {jax.default_backend()}, dtype={config.dtype}."
       " attention=dot_product runs anywhere"
     )
+  if config.attention == "pallas" and jax.default_backend() != "gpu":
+    raise ConfigError(
+      f"attention=pallas needs a GPU (Pallas's flash-attention kernel lowers through Triton;"
+      f" elsewhere it runs interpreted, far too slow to train); here: {jax.default_backend()}."
+      " attention=dot_product runs anywhere"
+    )
   if config.max_target_length < tk.LONGEST_MEASUREMENT:
     raise ConfigError(
       f"max_target_length={config.max_target_length} cannot hold one measurement: an IPv6"

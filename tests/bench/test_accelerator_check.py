@@ -119,15 +119,17 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   )
   assert "fixed/synthetic" in table[TABLE_ROWS.index("fixed, gather embed")]
 
-  # One layer's attention on the real batch's segments: XLA's kernel within float32's error
-  # of the reference; cuDNN's kernels recorded as not running on a CPU.
+  # One layer's attention on the real batch's segments: XLA's kernel and Pallas's (run by
+  # its interpreter here) within float32's error of the reference; cuDNN's kernels recorded
+  # as not running on a CPU.
   attention = report["attention_kernels"]
   assert attention["shape"] == [4, 128, 2, 2, 32] and attention["runs_per_row"]["max"] >= 1
   kernels = attention["kernels"]
-  assert max(kernels["xla"]["max_abs_error"].values()) < 1e-4 and kernels["xla"]["seconds"] > 0
+  for name in ("xla", "pallas"):
+    assert max(kernels[name]["max_abs_error"].values()) < 1e-4 and kernels[name]["seconds"] > 0
   assert set(kernels) == set(accelerator_check.DRY_RUN.attention_kernels)
   assert all("error" in kernels[name] for name in ("cudnn", "cudnn_packed_fit"))
-  assert attention["speedup"] == {"xla": 1.0}
+  assert attention["speedup"]["xla"] == 1.0 and set(attention["speedup"]) == {"xla", "pallas"}
   assert "xla" in table[TABLE_ROWS.index("attention")]
 
   bench = report["bench"]

@@ -25,17 +25,19 @@ def _segmentation() -> np.ndarray:
 
 
 def test_kernels_are_timed_and_measured_against_the_float32_reference(monkeypatch):
-  """XLA's kernel is within float32's error of the reference; the same kernel given the
-  wrong mask (the rows' segments ignored) is reported with a large error, so an exact
-  figure for a kernel on the GPU means it computes the segment mask's function."""
+  """XLA's kernel and Pallas's (interpreted here) are within float32's error of the
+  reference; the same kernel given the wrong mask (the rows' segments ignored) is reported
+  with a large error, so an exact figure for a kernel on the GPU means it computes the
+  segment mask's function."""
   cfg = config.load(None, SMALL)
   segmentation = _segmentation()
   np.testing.assert_array_equal(attention_kernels.runs_per_row(segmentation), [4, 1])
   right = attention_kernels.compare(cfg, segmentation, repeats=2)
   assert right["runs_per_row"] == {"max": 4, "mean": 2.5}
   assert right["shape"] == [2, 64, 4, 2, 16] and right["speedup_over"] == "xla"
-  xla = right["kernels"]["xla"]
-  assert xla["seconds"] > 0 and 0 < max(xla["max_abs_error"].values()) < 1e-4
+  for name in ("xla", "pallas"):
+    timed = right["kernels"][name]
+    assert timed["seconds"] > 0 and 0 < max(timed["max_abs_error"].values()) < 1e-4
   assert all("error" in right["kernels"][name] for name in ("cudnn", "cudnn_packed"))
 
   kernel_mask = attention.kernel_mask
@@ -43,13 +45,14 @@ def test_kernels_are_timed_and_measured_against_the_float32_reference(monkeypatc
   def ignoring_segments(segmentation, kernel, *args):
     return (
       kernel_mask(segmentation * 0 + 1, kernel, *args)
-      if kernel == "xla"
+      if kernel in ("xla", "pallas")
       else kernel_mask(segmentation, kernel, *args)
     )
 
   monkeypatch.setattr(attention, "kernel_mask", ignoring_segments)
   wrong = attention_kernels.compare(cfg, segmentation, repeats=1)
-  assert min(wrong["kernels"]["xla"]["max_abs_error"].values()) > 0.1
+  for name in ("xla", "pallas"):
+    assert min(wrong["kernels"][name]["max_abs_error"].values()) > 0.1
 
 
 def test_a_chosen_few_kernels_run_and_an_unknown_name_is_refused():

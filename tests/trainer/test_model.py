@@ -180,7 +180,7 @@ def _assert_layout(cfg, params) -> None:
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
-@pytest.mark.parametrize("kernel", JAX_KERNELS)
+@pytest.mark.parametrize("kernel", (*JAX_KERNELS, "pallas"))  # Pallas's, interpreted here
 def test_dot_product_attention_equals_the_einsum_reference_on_packed_rows(kernel, kv_heads):
   rng = np.random.default_rng(kv_heads)
   batch, length, heads, head_dim = 3, 64, 4, 16
@@ -216,6 +216,23 @@ def test_every_kernel_gives_the_einsum_logits(kernel):
   other = model.Transformer(cfg.replace(attention=kernel))
   logits = _logits(jax.jit(other.apply), params, inputs, positions, segmentation)
   np.testing.assert_allclose(logits, reference, rtol=0, atol=KERNEL_TOLERANCE)
+
+
+def test_pallas_attention_gives_the_einsums_loss_and_gradients_in_the_whole_model():
+  """attention=pallas (Pallas's flash-attention kernel on the segment ids, run by Pallas's
+  interpreter on the CPU): the whole model's loss and gradients on packed rows are those of
+  the einsum over the mask (float32, 1e-5), grouped-query heads included; a length its tiles
+  do not divide is refused by name."""
+  cfg, _, params = _setup("dtype=float32", "attention=einsum", "max_target_length=64")
+  batch = _packed_batch(cfg, np.random.default_rng(9))
+  (want_loss, want_grads), _ = _loss_and_grads(cfg, params, batch)
+  (loss, grads), _ = _loss_and_grads(cfg.replace(attention="pallas"), params, batch)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  uneven = jnp.zeros((1, 48, 4, 8), jnp.float32)
+  with pytest.raises(ValueError, match=r"max_target_length=48 must be a multiple of its tiles"):
+    attention.pallas_attention(uneven, uneven, uneven, jnp.ones((1, 48), jnp.int32))
 
 
 def test_bfloat16_activations_keep_float32_parameters_and_stay_close():

@@ -266,6 +266,8 @@ def test_short_sequences_and_missing_files_fail_before_compiling(tmp_path):
   for kernel in ("cudnn", "cudnn_packed"):
     with pytest.raises(ConfigError, match=f"attention={kernel} needs an NVIDIA GPU and dtype"):
       train.train(_config(tmp_path, f"attention={kernel}"))  # float32, and a CPU here
+  with pytest.raises(ConfigError, match="attention=pallas needs a GPU .* here: cpu"):
+    train.train(_config(tmp_path, "attention=pallas", "dtype=bfloat16"))
   assert compiles == []
 
 
