@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from maxtext_netdata.config import Config
 
@@ -141,21 +142,18 @@ def packed_attention(
 PALLAS_BLOCKS = {"q": 128, "k": 64, "q_dkv": 32, "kv_dkv": 128, "q_dq": 128, "kv_dq": 32}
 
 
-def pallas_attention(
-  query: jax.Array, key: jax.Array, value: jax.Array, segmentation: jax.Array
-) -> jax.Array:
-  """Causal attention within segments by Pallas's flash-attention kernel, which compares the
-  segment ids `segmentation` [b, T] itself; key/value heads are repeated for grouped queries
-  (the kernel takes one head count). Interpreted off a GPU."""
+def _pallas_ops():
   import warnings  # noqa: PLC0415
 
   with warnings.catch_warnings():  # JAX names a successor; the kernel is the one it ships
     warnings.simplefilter("ignore", DeprecationWarning)
     from jax.experimental.pallas.ops.gpu import attention as pallas_gpu  # noqa: PLC0415
+  return pallas_gpu
 
-  groups = query.shape[2] // key.shape[2]
-  if groups > 1:
-    key, value = jnp.repeat(key, groups, axis=2), jnp.repeat(value, groups, axis=2)
+
+def _pallas_options(query: jax.Array) -> dict:
+  """The Pallas kernel's arguments for `query`'s shape (its tiles capped at the length)."""
+  pallas_gpu = _pallas_ops()
   length = query.shape[1]
   blocks = {name: min(size, length) for name, size in PALLAS_BLOCKS.items()}
   uneven = sorted({size for size in blocks.values() if length % size})
@@ -163,23 +161,71 @@ def pallas_attention(
     raise ValueError(
       f"attention=pallas: max_target_length={length} must be a multiple of its tiles {uneven}"
     )
-  return pallas_gpu.mha(
-    query,
-    key,
-    value,
-    segmentation.astype(jnp.int32),
+  sizes = pallas_gpu.BlockSizes(
+    block_q=blocks["q"],
+    block_k=blocks["k"],
+    block_q_dkv=blocks["q_dkv"],
+    block_kv_dkv=blocks["kv_dkv"],
+    block_q_dq=blocks["q_dq"],
+    block_kv_dq=blocks["kv_dq"],
+  )
+  # The order of `_mha_backward`'s leading arguments.
+  return dict(
     sm_scale=query.shape[-1] ** -0.5,
     causal=True,
-    block_sizes=pallas_gpu.BlockSizes(
-      block_q=blocks["q"],
-      block_k=blocks["k"],
-      block_q_dkv=blocks["q_dkv"],
-      block_kv_dkv=blocks["kv_dkv"],
-      block_q_dq=blocks["q_dq"],
-      block_kv_dq=blocks["kv_dq"],
-    ),
+    block_sizes=sizes,
+    backward_pass_impl="triton",
+    num_warps=None,
+    num_stages=2,
+    grid=None,
     interpret=jax.default_backend() != "gpu",
+    debug=False,
   )
+
+
+@jax.custom_vjp
+def _pallas_mha(query, key, value, segmentation):
+  return _pallas_ops().mha.fun(
+    query, key, value, segmentation, return_residuals=False, **_pallas_options(query)
+  )
+
+
+def _pallas_mha_forward(query, key, value, segmentation):
+  # The kernel itself (`mha.fun`), not JAX's custom-VJP wrapper around it: a `jax.checkpoint`
+  # policy sees through this function's forward to the kernel's `pallas_call`, not through
+  # a custom VJP nested in it, so `minimal_with_context` can keep the output and statistics.
+  out, lse = _pallas_ops().mha.fun(
+    query, key, value, segmentation, return_residuals=True, **_pallas_options(query)
+  )
+  return out, (query, key, value, segmentation, out, lse)
+
+
+def _pallas_mha_backward(residuals, grad):
+  options = _pallas_options(residuals[0])
+  d_query, d_key, d_value, _ = _pallas_ops()._mha_backward(
+    *options.values(), False, residuals, grad
+  )
+  no_gradient = np.zeros(residuals[3].shape, jax.dtypes.float0)  # integer segment ids
+  return d_query, d_key, d_value, no_gradient
+
+
+_pallas_mha.defvjp(_pallas_mha_forward, _pallas_mha_backward)
+
+
+def pallas_attention(
+  query: jax.Array, key: jax.Array, value: jax.Array, segmentation: jax.Array
+) -> jax.Array:
+  """Causal attention within segments by Pallas's flash-attention kernel
+  (`jax.experimental.pallas.ops.gpu.attention`: its forward kernel and its backward, JAX 0.11
+  and 0.12 alike), which compares the segment ids `segmentation` [b, T] itself; key/value
+  heads are repeated for grouped queries (the kernel takes one head count). Interpreted off a
+  GPU. Its own custom VJP (rather than the module's `mha`) so that `remat_policy` can keep
+  the forward's outputs (`model.PALLAS_ATTENTION_FWD`)."""
+  groups = query.shape[2] // key.shape[2]
+  if groups > 1:
+    key, value = jnp.repeat(key, groups, axis=2), jnp.repeat(value, groups, axis=2)
+  _pallas_options(query)  # a length the tiles do not divide fails here, by name
+  return _pallas_mha(query, key, value, segmentation.astype(jnp.int32))
 
 
 def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask, kernel: str) -> jax.Array:

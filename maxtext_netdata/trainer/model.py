@@ -16,7 +16,8 @@ backward pass, by `nn.remat` with a `jax.checkpoint` policy over the names that
 `checkpoint_name` gives the block's matmul outputs (MaxText's names): `none` keeps
 everything, `minimal` the projections (query, key, value, out, MLP in and out),
 `minimal_with_context` those and the attention output (with cuDNN's kernel, also its
-softmax statistics, so its backward needs no second forward: `CUDNN_ATTENTION_FWD`), `full`
+softmax statistics, so its backward needs no second forward: `CUDNN_ATTENTION_FWD`; Pallas's
+kernel's likewise: `PALLAS_ATTENTION_FWD`), `full`
 only the block's input. The values are the same whichever; memory and step time differ.
 
 `scan_layers` (MaxText's key, default true) scans one block over the layers, so compile time
@@ -285,8 +286,16 @@ _SAVED_NAMES = {"minimal": _MINIMAL, "minimal_with_context": (*_MINIMAL, "contex
 CUDNN_ATTENTION_FWD = "dot_product_attention_fwd_wrapper"
 
 
-def _cudnn_attention_outputs(primitive, *_, **__) -> bool:
-  """A `jax.checkpoint` policy: keep what cuDNN's attention forward returns."""
+# Pallas's flash-attention forward (`attention=pallas`) is a `pallas_call` of this name (JAX
+# 0.11 and 0.12), returning the output and the softmax statistics its backward reads; kept as
+# cuDNN's are, so its backward does not run the forward kernel again either (tested).
+PALLAS_ATTENTION_FWD = "mha_forward"
+
+
+def _attention_forward_outputs(primitive, *_, **params) -> bool:
+  """A `jax.checkpoint` policy: keep what cuDNN's or Pallas's attention forward returns."""
+  if primitive.name == "pallas_call":
+    return params.get("name") == PALLAS_ATTENTION_FWD
   return primitive.name == CUDNN_ATTENTION_FWD
 
 
@@ -298,7 +307,7 @@ def remat(block: type[nn.Module], policy: str) -> type[nn.Module]:
   names = _SAVED_NAMES.get(policy)
   saved = jax.checkpoint_policies.save_only_these_names(*names) if names else None
   if policy == "minimal_with_context":
-    saved = jax.checkpoint_policies.save_from_both_policies(saved, _cudnn_attention_outputs)
+    saved = jax.checkpoint_policies.save_from_both_policies(saved, _attention_forward_outputs)
   # prevent_cse=False: under scan, as in MaxText, the loop already keeps XLA from merging
   # the recomputation into the forward pass.
   return nn.remat(block, policy=saved, prevent_cse=False)

@@ -360,6 +360,36 @@ def test_minimal_with_context_keeps_cudnn_attention_for_the_backward_pass():
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_minimal_with_context_keeps_pallas_attention_for_the_backward_pass():
+  """attention=pallas: the whole model's backward runs Pallas's attention forward once a
+  layer under `minimal_with_context` (its output and statistics kept) and twice under
+  `minimal`, with the same gradients; the kernel's name is that of the installed JAX."""
+  cfg, _, params = _setup("dtype=float32", "attention=pallas", "max_target_length=64")
+  batch = _packed_batch(cfg, np.random.default_rng(6))
+
+  def forward_kernels(jaxpr) -> int:  # the printed jaxpr names a shared sub-jaxpr once
+    found = 0
+    for eqn in jaxpr.eqns:
+      found += eqn.primitive.name == "pallas_call" and (
+        eqn.params.get("name") == model.PALLAS_ATTENTION_FWD
+      )
+      for param in eqn.params.values():
+        for sub in param if isinstance(param, tuple | list) else (param,):
+          if isinstance(sub, jax.extend.core.ClosedJaxpr | jax.extend.core.Jaxpr):
+            found += forward_kernels(getattr(sub, "jaxpr", sub))
+    return found
+
+  runs, grads = {}, {}
+  for policy in ("minimal", "minimal_with_context"):
+    (_, grads[policy]), loss = _loss_and_grads(cfg.replace(remat_policy=policy), params, batch)
+    runs[policy] = forward_kernels(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+  assert runs == {"minimal": 2, "minimal_with_context": 1}, runs  # one scanned block
+  for got, want in zip(
+    jax.tree.leaves(grads["minimal_with_context"]), jax.tree.leaves(grads["minimal"]), strict=True
+  ):
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def _fused_params(params):
   """`params` of the unfused model laid out for fused_qkv and fused_mlp: the same weights."""
   layers = dict(params["layers"])
