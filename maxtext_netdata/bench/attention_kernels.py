@@ -5,8 +5,8 @@ The accelerator check runs it on a real batch (`attention_kernels` in its report
 cuDNN's packed layout (`cudnn_packed`, no [b, 1, T, T] mask bias, one sequence per segment) or
 Pallas's flash attention on the segment ids (`pallas`) beats `cudnn` with the mask on the
 device, and whether they compute the same function there, which a CPU cannot run (Pallas's
-kernel runs here only interpreted). A kernel that cannot run here (no cuDNN on a CPU, a GPU older than
-Hopper for the packed layout) is recorded with its error and the next one runs.
+kernel runs here only interpreted). A kernel that cannot run here (no cuDNN on a CPU, a GPU
+older than Hopper for the packed layout) is recorded with its error and the next one runs.
 """
 
 from __future__ import annotations

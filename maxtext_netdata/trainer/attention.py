@@ -224,7 +224,6 @@ def pallas_attention(
   groups = query.shape[2] // key.shape[2]
   if groups > 1:
     key, value = jnp.repeat(key, groups, axis=2), jnp.repeat(value, groups, axis=2)
-  _pallas_options(query)  # a length the tiles do not divide fails here, by name
   return _pallas_mha(query, key, value, segmentation.astype(jnp.int32))
 
 
