@@ -229,7 +229,8 @@ class _FailureEchoes:
   A save failing in Orbax's background threads is logged at ERROR, with its traceback, by
   each thread it passes through (absl's logger). Its event loop, closed with writes still in
   flight, reports "Event loop is closed" as unraisable exceptions; its unfinished tasks are
-  logged as "Task exception was never retrieved" (asyncio's logger) or, at interpreter
+  logged as "Task exception was never retrieved" (asyncio's logger), the futures of its
+  TensorStore writes as "Future exception was never retrieved", or, at interpreter
   shutdown, reported as unraisable. The failure itself surfaces in the main thread, where
   `Checkpoints` reports it once. Held back: ERROR records from Orbax's modules or naming
   them, and those unraisable exceptions. `release` passes them on when no save failed; after
@@ -251,10 +252,14 @@ class _FailureEchoes:
 
   def _from_orbax(self, record: logging.LogRecord) -> bool:
     """Logged by Orbax, naming it, or carrying an exception raised in it (asyncio's
-    "_GatheringFuture exception was never retrieved" names only the exception)."""
+    "_GatheringFuture exception was never retrieved" names only the exception) or in the
+    TensorStore writes it starts (a future's "Future exception was never retrieved": set
+    from TensorStore's threads, no Python frame, only the OS error code in its message)."""
     if record.pathname.startswith(self._orbax_dir) or self._orbax_dir in record.getMessage():
       return True
     error = record.exc_info[1] if record.exc_info else None
+    if error is not None and _OS_ERROR_CODE.search(str(error)):
+      return True
     frame = error.__traceback__ if error is not None else None
     while frame is not None:
       if frame.tb_frame.f_code.co_filename.startswith(self._orbax_dir):

@@ -88,3 +88,46 @@ def test_a_lost_asyncio_future_of_a_failed_save_is_held_back():
     for name in checkpointing._FailureEchoes._LOGGERS:
       logging.getLogger(name).removeFilter(echoes._hold_record)
     sys.unraisablehook = echoes._previous_hook
+
+
+def test_a_lost_tensorstore_future_of_a_failed_save_is_held_back():
+  """TensorStore sets its write's failure on an asyncio future from its own threads: no
+  Python frame at all, only the message with its OS error code. A real future lost with
+  that exception is held back; one lost with another exception passes."""
+  import asyncio  # noqa: PLC0415
+  import gc  # noqa: PLC0415
+  import logging  # noqa: PLC0415
+
+  class Seen(logging.Handler):
+    def __init__(self):
+      super().__init__()
+      self.messages: list[str] = []
+
+    def emit(self, record):
+      self.messages.append(record.getMessage())
+
+  def lose(error: Exception) -> None:
+    future = loop.create_future()
+    future.set_exception(error)
+    del future
+    gc.collect()
+
+  full = ValueError(
+    'RESOURCE_EXHAUSTED: Error writing "params.w/0" in OCDBT database at local file "/x/": '
+    "Failed to write 513605 bytes to file 65: No space left on device [os_error_code='28']"
+  )
+  seen, asyncio_log = Seen(), logging.getLogger("asyncio")
+  asyncio_log.addHandler(seen)
+  loop = asyncio.new_event_loop()
+  echoes = checkpointing._FailureEchoes()
+  try:
+    lose(full)
+    assert seen.messages == []  # held back
+    lose(ValueError("not TensorStore's"))
+    assert len(seen.messages) == 1 and "Future exception was never retrieved" in seen.messages[0]
+  finally:  # undone by hand, as above
+    loop.close()
+    asyncio_log.removeHandler(seen)
+    for name in checkpointing._FailureEchoes._LOGGERS:
+      logging.getLogger(name).removeFilter(echoes._hold_record)
+    sys.unraisablehook = echoes._previous_hook
