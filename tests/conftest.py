@@ -6,6 +6,7 @@ import os
 import pytest
 
 from maxtext_netdata.data.synthetic.generate import generate
+from maxtext_netdata.kernels import warmup
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +39,14 @@ def _shm_entries_by_module(request):
     if new:
       with open(log, "a") as f:
         f.writelines(f"{entry} {request.module.__name__}\n" for entry in new)
+
+
+@pytest.fixture(autouse=True)
+def _kernel_warmups_end_in_their_test():
+  """Waits, after each test, for the kernel warm-up threads it started (`kernels.warmup`): a
+  compile on a machine's first run takes seconds and says so on stderr when it ends, and
+  that line belongs to the test that started it, not to a later one that checks its own
+  stderr line by line."""
+  yield
+  for thread in list(warmup._threads):
+    thread.join(timeout=300)

@@ -125,9 +125,10 @@ def start(
       finally:
         took = time.perf_counter() - began
         _seconds[name] = took
+        # Said before the step counts as finished: a caller done waiting has its notice.
+        if notice and took > notice_after_s:
+          print(f"{notice} in {took:.1f} s", file=sys.stderr, flush=True)
         _started[name].set()
-      if notice and took > notice_after_s:
-        print(f"{notice} in {took:.1f} s", file=sys.stderr, flush=True)
 
   thread = threading.Thread(target=run, name=thread_name, daemon=True)
   _threads.append(thread)

@@ -84,10 +84,9 @@ def test_synthetic_data_is_never_the_bottleneck(tmp_path, jax_cache):
   )
   assert report["maxtext"]["dataset_type"] == "synthetic"
   assert report["loading"]["batch_s"] < report["target"]["step_time_s"]
+  # Which of the other verdicts comes is the two noisy 3-step runs' (the same step, timed
+  # twice: "as fast", or on a busy machine "slower", with or without a data wait to blame).
   assert report["verdict"]["kind"] != bench_report.BOTTLENECK
-  assert "Data loading is not the bottleneck" in report["verdict"]["text"] or (
-    "Forced synchronization" in report["verdict"]["text"]  # two noisy runs of the same step
-  )
 
 
 @pytest.mark.slow

@@ -108,4 +108,4 @@ def test_a_killed_worker_ends_batches_with_one_line_and_leaves_no_block(
 
 def _worker_block_names(proc) -> list[str]:
   """The iterator-named /dev/shm blocks (`psm_nd…_…`) the run's processes have open."""
-  return sorted(name for name in proc.shm_watch.seen if name.startswith("psm_nd"))
+  return sorted(name for name in proc.shm_watch.names() if name.startswith("psm_nd"))

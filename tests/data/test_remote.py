@@ -206,7 +206,7 @@ def test_missing_bucket_or_object_fails_at_once_naming_the_uri(tmp_path, s3, uri
     start = time.perf_counter()
     with pytest.raises(DataError, match=message) as error:
       prepare.prepare(s3_config(tmp_path, uri, proxy.endpoint), progress=False)
-  assert time.perf_counter() - start < 5
+  assert time.perf_counter() - start < 30  # no retries with back-off, no hang (a busy machine)
   assert uri in str(error.value) and len(str(error.value).splitlines()) == 1
   assert proxy.requests <= 2  # no retries
 
@@ -255,7 +255,7 @@ def test_unreachable_gcs_endpoint_fails_in_seconds_naming_the_uri(tmp_path, monk
   start = time.perf_counter()
   with pytest.raises(DataError, match="gs://pings/raw/x.parquet: cannot look up: ") as error:
     prepare.prepare(cfg, progress=False)
-  assert time.perf_counter() - start < 10
+  assert time.perf_counter() - start < 30  # refused, retried twice after 0.01 s: no hang
   assert len(str(error.value).splitlines()) == 1
 
 

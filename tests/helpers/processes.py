@@ -102,12 +102,14 @@ def session(sid: int) -> list[psutil.Process]:
 class _ShmWatch(threading.Thread):
   """Sampled until the session's leader ends: the /dev/shm entries its processes open or map
   (`seen`) and, per sample, how many child processes besides the resource tracker it has
-  (`most_workers`)."""
+  (`most_workers`). Read `seen` through `names()` while the watch runs: iterating the set
+  itself races with the watch's updates ("Set changed size during iteration")."""
 
   def __init__(self, proc: subprocess.Popen):
     super().__init__(daemon=True)
     self.proc = proc
     self.seen: set[str] = set()
+    self._lock = threading.Lock()
     self.most_workers: list[int] = []
     self.start()
 
@@ -115,7 +117,9 @@ class _ShmWatch(threading.Thread):
     while self.proc.poll() is None:
       workers = 0
       for process in session(self.proc.pid):
-        self.seen.update(_shm_of(process.pid))
+        found = _shm_of(process.pid)
+        with self._lock:
+          self.seen.update(found)
         try:
           command = " ".join(process.cmdline())
         except psutil.Error:
@@ -123,6 +127,11 @@ class _ShmWatch(threading.Thread):
         workers += process.pid != self.proc.pid and "resource_tracker" not in command
       self.most_workers.append(workers)
       time.sleep(0.05)
+
+  def names(self) -> set[str]:
+    """A copy of `seen` as it is now."""
+    with self._lock:
+      return set(self.seen)
 
 
 def _shm_of(pid: int) -> set[str]:

@@ -23,7 +23,7 @@ from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.input_pipeline import shared_store
 
 REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 120
+TIMEOUT_S = 300  # a bound on a hang, not a speed
 STEPS = 3
 
 WORKER = textwrap.dedent(

@@ -107,7 +107,7 @@ def _prepare_process(prepared_dir, files, pause_at=None, stderr=subprocess.PIPE)
   )
 
 
-def _wait_stopped(process: subprocess.Popen, timeout: float = 60) -> None:
+def _wait_stopped(process: subprocess.Popen, timeout: float = 240) -> None:
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
     assert process.poll() is None, process.communicate()
@@ -155,10 +155,11 @@ def test_two_concurrent_prepares_end_with_one_valid_store(tmp_path, raw_files):
     log = tmp_path.parent / f"{tmp_path.name}-second.log"
     with open(log, "w") as second_err:
       second = _prepare_process(tmp_path, raw_files, stderr=second_err)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 240  # the second's start-up on a busy machine
     while "waiting" not in log.read_text() and time.monotonic() < deadline:
       assert second.poll() is None
       time.sleep(0.05)
+    assert "waiting" in log.read_text(), log.read_text()  # before the first may go on
     first.send_signal(signal.SIGCONT)
     out_first, err_first = first.communicate(timeout=120)
     out_second, _ = second.communicate(timeout=120)
