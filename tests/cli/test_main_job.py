@@ -14,7 +14,8 @@ import pytest
 from tests.helpers import REPO
 
 
-@pytest.mark.slow  # two 300-step trainings of the smoke model: 2.3 minutes
+@pytest.mark.slow  # two 300-step trainings of the smoke model: 2.3 minutes, 5 beside a busy core
+@pytest.mark.timeout(1200)  # beyond the run's own 900 s, which then reports its output
 def test_main_job_trains_compares_and_beats_the_rtt_baseline(tmp_path):
   runs, sample = tmp_path / "runs", tmp_path / "sample"
   env = {**os.environ, "NETDATA_RUNS": str(runs), "NETDATA_SAMPLE": str(sample)}
