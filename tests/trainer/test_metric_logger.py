@@ -46,7 +46,7 @@ def _metrics(x, data_wait=0.01):
 
 def test_call_returns_before_the_dispatched_step_finishes_and_writes_one_step_late(tmp_path):
   logger = MetricLogger(_config(tmp_path, "enable_tensorboard=false"), num_devices=1)
-  x = jax.random.normal(jax.random.key(0), (512, 512)) / 16
+  x = jax.random.normal(jax.random.key(0), (768, 768)) / 24  # ~0.6 s a step on two cores
   jax.block_until_ready(_slow_step(x))  # compile outside the timed part
 
   first = _metrics(x)
