@@ -29,7 +29,7 @@ def load_in_background(warm=None) -> None:
   _began[0] = _began[0] or time.perf_counter()
   steps = [(_SET_UP, loaded, None)]
   if warm is not None:
-    steps.append((_WARM, lambda: _reporting(warm), None))
+    steps.append((_WARM, lambda: _reporting(warm), _NOTICE))
   warmup.start(steps, thread_name="batch-kernel-load")
 
 
@@ -51,16 +51,10 @@ def python_fill_batch(*args) -> None:
 
 
 def _reporting(warm) -> None:
-  """`warm()`, then `_NOTICE` on stderr when it compiled (numba's cache missed) for long, not
-  when a load was slow (a busy machine), and a line when batches were built by the Python
-  code meanwhile."""
-  began = time.perf_counter()
+  """`warm()`, then a line on stderr when batches were built by the Python code meanwhile."""
   warm()
-  took = time.perf_counter() - began
-  compiled = sum(fill_batch.stats.cache_misses.values()) > 0
-  if compiled and took > warmup.NOTICE_AFTER_S:
-    print(f"{_NOTICE} in {took:.1f} s", file=sys.stderr, flush=True)
   if _python_batches[0]:
+    compiled = sum(fill_batch.stats.cache_misses.values()) > 0
     print(
       f"batches: {_python_batches[0]} batches were built by the batch kernel's Python code"
       f" (the same batches, ~200-300x slower) in the {time.perf_counter() - _began[0]:.1f} s the"

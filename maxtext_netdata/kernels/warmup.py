@@ -13,9 +13,10 @@ thread needs while the thread compiles another one waits for that one too. The s
 hence ordered by need, the kernels every path needs first, and a kernel whose only use is a
 faster path (the ingest scanner) last.
 
-A step that takes longer than `notice_after_s` says so on stderr in one line, with its time:
-what a cold compile costs is printed where it is paid. Our own code because numba has no
-background compile.
+A step that compiled (numba's "numba:compile" event on its thread: a cache miss, not a load)
+and took longer than `notice_after_s` says so on stderr in one line, with its time: what a
+cold compile costs is printed where it is paid, and a slow load on a busy machine is not
+called a compile. Our own code because numba has no background compile.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from numba.core import event as numba_event
+
 NOTICE_AFTER_S = 2.0
 
 _lock = threading.Lock()
@@ -34,7 +37,22 @@ _seconds: dict[str, float] = {}  # step name -> seconds it took (compiled or loa
 _threads: list[threading.Thread] = []
 
 
-_local = threading.local()  # `warming`: set on the warm-up thread
+_local = threading.local()  # `warming`: set on the warm-up thread; `compiled`: its step did
+
+
+class _Compiles(numba_event.Listener):
+  """Marks the warm-up thread's step as compiled: numba fires "numba:compile" on the thread
+  that compiles, and only on a cache miss (a load from its cache fires none)."""
+
+  def on_start(self, event) -> None:
+    if getattr(_local, "warming", False):
+      _local.compiled = True
+
+  def on_end(self, event) -> None:
+    pass
+
+
+numba_event.register("numba:compile", _Compiles())
 
 
 def _forget_in_child() -> None:
@@ -104,7 +122,7 @@ def start(
   """Runs `steps` (name, warm, notice) in order on one daemon thread, those not started before.
 
   `notice`, when given, is printed on stderr as `f"{notice} in {seconds:.1f} s"` when the step
-  took more than `notice_after_s`. A step that raises is ended (its error printed on stderr by
+  compiled a kernel and took more than `notice_after_s`. A step that raises is ended (its error printed on stderr by
   the thread) and the next runs; a caller's own call to the kernel then raises it again.
   """
   with _lock:
@@ -117,6 +135,7 @@ def start(
   def run() -> None:
     _local.warming = True
     for name, warm, notice in todo:
+      _local.compiled = False
       began = time.perf_counter()
       try:
         warm()
@@ -126,7 +145,7 @@ def start(
         took = time.perf_counter() - began
         _seconds[name] = took
         # Said before the step counts as finished: a caller done waiting has its notice.
-        if notice and took > notice_after_s:
+        if notice and _local.compiled and took > notice_after_s:
           print(f"{notice} in {took:.1f} s", file=sys.stderr, flush=True)
         _started[name].set()
 
