@@ -1,6 +1,8 @@
 """Orbax checkpoints: train state and per-process iterator state, latest one restored."""
 
+import contextlib
 import json
+import logging
 import sys
 
 import jax
@@ -54,12 +56,23 @@ def test_latest_checkpoint_restores_state_and_iterator_position(tmp_path):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@contextlib.contextmanager
+def _failure_echoes():
+  """A `_FailureEchoes` within, undone by hand after: `release()` would log what it held,
+  `drop()` keeps dropping."""
+  echoes = checkpointing._FailureEchoes()
+  try:
+    yield echoes
+  finally:
+    for name in checkpointing._FailureEchoes._LOGGERS:
+      logging.getLogger(name).removeFilter(echoes._hold_record)
+    sys.unraisablehook = echoes._previous_hook
+
+
 def test_a_lost_asyncio_future_of_a_failed_save_is_held_back():
   """asyncio's "_GatheringFuture exception was never retrieved" names neither Orbax nor its
   files, only the exception raised in Orbax's code: held back all the same, and dropped once
   the save's failure is reported. A record of other code passes."""
-  import logging  # noqa: PLC0415
-
   orbax_file = f"{checkpointing._ORBAX_DIR}/checkpoint/_src/serialization/serialization.py"
   namespace: dict = {}
   exec(
@@ -80,14 +93,9 @@ def test_a_lost_asyncio_future_of_a_failed_save_is_held_back():
   def elsewhere():
     raise ValueError("not Orbax's")
 
-  echoes = checkpointing._FailureEchoes()
-  try:
+  with _failure_echoes() as echoes:
     assert echoes._hold_record(lost_future(namespace["write"])) is False  # held back
     assert echoes._hold_record(lost_future(elsewhere)) is True  # passed on
-  finally:  # undone by hand: release() would log the held record, drop() keeps dropping
-    for name in checkpointing._FailureEchoes._LOGGERS:
-      logging.getLogger(name).removeFilter(echoes._hold_record)
-    sys.unraisablehook = echoes._previous_hook
 
 
 def test_a_lost_tensorstore_future_of_a_failed_save_is_held_back():
@@ -96,7 +104,6 @@ def test_a_lost_tensorstore_future_of_a_failed_save_is_held_back():
   that exception is held back; one lost with another exception passes."""
   import asyncio  # noqa: PLC0415
   import gc  # noqa: PLC0415
-  import logging  # noqa: PLC0415
 
   class Seen(logging.Handler):
     def __init__(self):
@@ -119,15 +126,12 @@ def test_a_lost_tensorstore_future_of_a_failed_save_is_held_back():
   seen, asyncio_log = Seen(), logging.getLogger("asyncio")
   asyncio_log.addHandler(seen)
   loop = asyncio.new_event_loop()
-  echoes = checkpointing._FailureEchoes()
   try:
-    lose(full)
-    assert seen.messages == []  # held back
-    lose(ValueError("not TensorStore's"))
-    assert len(seen.messages) == 1 and "Future exception was never retrieved" in seen.messages[0]
-  finally:  # undone by hand, as above
+    with _failure_echoes():
+      lose(full)
+      assert seen.messages == []  # held back
+      lose(ValueError("not TensorStore's"))
+      assert len(seen.messages) == 1 and "Future exception was never retrieved" in seen.messages[0]
+  finally:
     loop.close()
     asyncio_log.removeHandler(seen)
-    for name in checkpointing._FailureEchoes._LOGGERS:
-      logging.getLogger(name).removeFilter(echoes._hold_record)
-    sys.unraisablehook = echoes._previous_hook
