@@ -30,7 +30,13 @@ jax_version="$(sed -n 's/^jax==//p' constraints.txt)"
 
 # shellcheck source=scripts/setup_env.sh
 source "$ROOT/scripts/setup_env.sh" "$extras"
-python -m pip install -q --disable-pip-version-check -c constraints.txt \
-  "jax[$accelerator]==$jax_version"
+# uv when setup_env.sh installed it (the accelerator's jaxlib plugin is hundreds of MB).
+if [ -x "$VIRTUAL_ENV/bin/uv" ]; then
+  uv pip install --quiet --python "$VIRTUAL_ENV/bin/python" -c constraints.txt \
+    "jax[$accelerator]==$jax_version"
+else
+  python -m pip install -q --disable-pip-version-check -c constraints.txt \
+    "jax[$accelerator]==$jax_version"
+fi
 echo "launch_host: $(hostname): ${command[*]} $*" >&2
 exec "${command[@]}" "$@"
