@@ -30,11 +30,11 @@ jax_version="$(sed -n 's/^jax==//p' constraints.txt)"
 
 # shellcheck source=scripts/setup_env.sh
 source "$ROOT/scripts/setup_env.sh" "$extras"
-# uv when setup_env.sh installed it (the accelerator's jaxlib plugin is hundreds of MB).
-if [ -x "$VIRTUAL_ENV/bin/uv" ]; then
-  uv pip install --quiet --python "$VIRTUAL_ENV/bin/python" -c constraints.txt \
-    "jax[$accelerator]==$jax_version"
-else
+# uv when setup_env.sh installed it (the accelerator's jaxlib plugin is hundreds of MB), with
+# the system's certificates and pip as the fallback, as setup_env.sh installs.
+if ! { [ -x "$VIRTUAL_ENV/bin/uv" ] &&
+  uv pip install --quiet --system-certs --python "$VIRTUAL_ENV/bin/python" -c constraints.txt \
+    "jax[$accelerator]==$jax_version"; }; then
   python -m pip install -q --disable-pip-version-check -c constraints.txt \
     "jax[$accelerator]==$jax_version"
 fi

@@ -61,11 +61,11 @@ _netdata_setup() (
     # It trusts the system's certificates, as pip does where pip.conf names them; pip's own
     # settings (a private index in pip.conf, say) are pip's alone, so where uv cannot be
     # installed or cannot install, pip does the work.
-    if pip_install -c "$local_root/constraints.txt" uv &&
-      "$venv/bin/uv" pip install --quiet --system-certs --python "$venv/bin/python" \
-        --compile-bytecode -c "$local_root/constraints.txt" -e "$target" >&2; then
-      :
-    else
+    if ! {
+      pip_install -c "$local_root/constraints.txt" uv &&
+        "$venv/bin/uv" pip install --quiet --system-certs --python "$venv/bin/python" \
+          --compile-bytecode -c "$local_root/constraints.txt" -e "$target" >&2
+    }; then
       echo "setup_env: installing with pip instead of uv" >&2
       pip_install --upgrade pip
       pip_install -c "$local_root/constraints.txt" -e "$target"

@@ -122,8 +122,9 @@ def start(
   """Runs `steps` (name, warm, notice) in order on one daemon thread, those not started before.
 
   `notice`, when given, is printed on stderr as `f"{notice} in {seconds:.1f} s"` when the step
-  compiled a kernel and took more than `notice_after_s`. A step that raises is ended (its error printed on stderr by
-  the thread) and the next runs; a caller's own call to the kernel then raises it again.
+  compiled a kernel and took more than `notice_after_s`. A step that raises is ended (its
+  error printed on stderr by the thread) and the next runs; a caller's own call to the kernel
+  then raises it again.
   """
   with _lock:
     todo = [step for step in steps if step[0] not in _started]
