@@ -14,8 +14,8 @@ INSTALL_REQUIRES = [
   # The config model, as MaxText's own config is.
   "pydantic>=2.14,<3",
   "grain>=0.2.18,<0.3",
-  "jax>=0.11.1,<0.13",
-  "jaxlib>=0.11.1,<0.13",
+  "jax>=0.11.2,<0.13",
+  "jaxlib>=0.11.2,<0.13",
   "flax>=0.12.9,<0.13",
   "optax>=0.2.8,<0.3",
   "orbax-checkpoint>=0.12.4,<0.13",

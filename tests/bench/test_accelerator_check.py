@@ -5,6 +5,7 @@ the batch sweep's stops, the trimmed trace)."""
 from __future__ import annotations
 
 import gzip
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from packaging.requirements import Requirement
 
 from maxtext_netdata import config
 from maxtext_netdata.bench import (
@@ -51,22 +53,65 @@ TABLE_ROWS = (
 )
 
 
+def _accelerator_image(folder: Path) -> tuple[str, str, Path]:
+  """What the accelerator VM will have, made here from the package index as set-up is: a venv
+  like its image (`scripts/accelerator_venv.sh`: jax at setup.py's lower bound, no Grain) and
+  the wheels the check installs there (`scripts/accelerator_wheels.sh`): the venv's python,
+  its jax version and the wheel folder."""
+  venv, wheels = folder / "venv", folder / "wheels"
+  steps = {
+    "venv": ["accelerator_venv.sh", str(venv)],
+    "wheels": ["accelerator_wheels.sh", str(wheels)],
+  }
+  outputs = {}
+  for name, (script, target) in steps.items():
+    made = subprocess.run(
+      ["bash", f"scripts/{script}", str(target)],
+      cwd=REPO,
+      env={k: v for k, v in os.environ.items() if k != "PYTHON"},
+      capture_output=True,
+      text=True,
+      timeout=900,
+    )
+    assert made.returncode == 0, f"scripts/{script} (it needs the package index): " + (
+      made.stdout[-2000:] + made.stderr[-2000:]
+    )
+    outputs[name] = made.stdout
+  jax_version = outputs["venv"].strip().splitlines()[-1].rpartition("jax ")[2]
+  return str(venv / "bin" / "python"), jax_version, wheels
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # the image's download (the package index's pace) and the check
 def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tmp_path):
+  """The check as the VM runs it: its image's jax, which is the lowest setup.py admits, and the
+  wheels it lacks installed by the script."""
+  python, jax_version, wheels = _accelerator_image(tmp_path / "image")
+  [lowest] = [
+    spec.version
+    for req in map(Requirement, importlib.metadata.requires("maxtext_netdata"))
+    if req.name == "jax"
+    for spec in req.specifier
+    if spec.operator == ">="
+  ]
+  assert jax_version == lowest
   out, work = tmp_path / "out", tmp_path / "work"
   result = subprocess.run(
     ["bash", "scripts/accelerator_check.sh", "--dry-run", "--out", str(out)]
-    + ["--work", str(work), "--peak-tflops", "1"],
+    + ["--wheels", str(wheels), "--work", str(work), "--peak-tflops", "1"],
     cwd=REPO,
-    env={**os.environ, "PYTHON": sys.executable},
+    env={**os.environ, "PYTHON": python},
     capture_output=True,
     text=True,
     timeout=400,
   )
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  count = len(list(wheels.glob("*.whl")))
+  assert f"installing {count} wheels from {wheels} into" in result.stdout
   table = result.stdout.rstrip().splitlines()[-len(TABLE_ROWS) :]
   assert [line.split("  ")[0] for line in table] == list(TABLE_ROWS), "\n".join(table)
   assert (out / "check.log").read_text().rstrip().endswith("\n".join(table))
+  assert f"jax {jax_version}, jaxlib {jax_version}" in table[0]
 
   report = json.loads((out / "report.json").read_text())
   assert report["errors"] == {} and report["skipped"] == {}
