@@ -308,7 +308,9 @@ def test_run_with_workers_and_several_evals_leaves_nothing(tmp_path, data_overri
 def test_metric_path_never_waits_for_the_step_it_is_given(tmp_path, data_overrides):
   """MaxText's metric logger with the plugin's data-wait and padding scalars: handed step n's
   metrics (a loss still computing on the device), it returns before that loss is ready; a
-  metric path that reads the current step's values would find them ready."""
+  metric path that reads the current step's values would find them ready. Each loss depends on
+  the one before, as each train step depends on the state the one before wrote: step n starts
+  when step n-1 ends, so when the logger has step n-1's loss, step n's has all its work ahead."""
   import datetime  # noqa: PLC0415
 
   import jax  # noqa: PLC0415
@@ -325,11 +327,11 @@ def test_metric_path_never_waits_for_the_step_it_is_given(tmp_path, data_overrid
   )
 
   @jax.jit
-  def slow_loss(seed):
-    start = jnp.full((384, 384), 0.01) * (1 + 0 * seed)
+  def slow_loss(seed, previous):
+    start = jnp.full((384, 384), 0.01) * (1 + 0 * seed + 0 * previous)
     return jnp.sum(jax.lax.fori_loop(0, 150, lambda i, y: jnp.tanh(y @ y), start)) * 0 + seed
 
-  slow_loss(jnp.float32(0)).block_until_ready()  # compiled before the timed calls
+  loss = slow_loss(jnp.float32(0), jnp.float32(0)).block_until_ready()  # compiled before
   logger = metric_logger.MetricLogger(config, lambda step: 1e-3)
   logger.metadata = {
     metric_logger.MetadataKey.PER_DEVICE_TFLOPS: 1.0,
@@ -339,7 +341,7 @@ def test_metric_path_never_waits_for_the_step_it_is_given(tmp_path, data_overrid
   try:
     for step in range(3):
       next(train)  # the plugin's feed: this batch's data wait and padding
-      loss = slow_loss(jnp.float32(step))
+      loss = slow_loss(jnp.float32(step), loss)
       metrics = {"scalar": {"learning/loss": loss, "learning/total_weights": loss}}
       logger.buffer_and_write_metrics(metrics, step, datetime.timedelta(seconds=0.1))
       ready_on_return.append(loss.is_ready())
