@@ -48,5 +48,4 @@ def _kernel_warmups_end_in_their_test():
   that line belongs to the test that started it, not to a later one that checks its own
   stderr line by line."""
   yield
-  for thread in list(warmup._threads):
-    thread.join(timeout=300)
+  warmup.join(timeout=300)

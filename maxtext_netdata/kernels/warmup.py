@@ -90,6 +90,12 @@ def wait(name: str, timeout: float | None = None) -> bool:
   return done is None or done.wait(timeout)
 
 
+def join(timeout: float | None = None) -> None:
+  """Waits for every warm-up thread started so far to end (each up to `timeout` seconds)."""
+  for thread in list(_threads):
+    thread.join(timeout)
+
+
 def finish(name: str, said: str, skipped: str) -> None:
   """At a command's end: when step `name` is still pending (a machine's first run), prints
   `said` on stderr and waits for it, so that its kernel is cached and later runs load it.
