@@ -3,11 +3,12 @@
 #   bash scripts/accelerator_check.sh [--dry-run] [--out DIR] [--wheels WHEELS]
 #       [more options, key=value ...]
 # Installs the wheels in WHEELS (default .whl/; scripts/accelerator_wheels.sh fetches them
-# where there is network) into a folder of its own, puts them and this checkout on PYTHONPATH, prints the
-# Python and the devices, then runs `python -m maxtext_netdata.bench.accelerator_check`
-# (its --help lists the options), its output also in DIR/check.log. DIR defaults to $OUT
-# when set, else the run folder (runs/accelerator_check). --dry-run: the same check on the
-# CPU with a tiny model, about a minute. Python: $PYTHON, else .venv/bin/python, else python3.
+# where there is network) into a folder of its own, puts them and this checkout on
+# PYTHONPATH, prints the Python and the devices, then runs
+# `python -m maxtext_netdata.bench.accelerator_check` (its --help lists the options), its
+# output also in DIR/check.log. DIR defaults to $OUT when set, else the run folder
+# (runs/accelerator_check). --dry-run: the same check on the CPU with a tiny model, about a
+# minute. Python: $PYTHON, else .venv/bin/python, else python3.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

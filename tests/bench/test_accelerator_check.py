@@ -59,26 +59,26 @@ def _accelerator_image(folder: Path) -> tuple[str, str, Path]:
   the wheels the check installs there (`scripts/accelerator_wheels.sh`): the venv's python,
   its jax version and the wheel folder."""
   venv, wheels = folder / "venv", folder / "wheels"
-  steps = {
-    "venv": ["accelerator_venv.sh", str(venv)],
-    "wheels": ["accelerator_wheels.sh", str(wheels)],
-  }
-  outputs = {}
-  for name, (script, target) in steps.items():
-    made = subprocess.run(
-      ["bash", f"scripts/{script}", str(target)],
-      cwd=REPO,
-      env={k: v for k, v in os.environ.items() if k != "PYTHON"},
-      capture_output=True,
-      text=True,
-      timeout=900,
-    )
-    assert made.returncode == 0, f"scripts/{script} (it needs the package index): " + (
-      made.stdout[-2000:] + made.stderr[-2000:]
-    )
-    outputs[name] = made.stdout
-  jax_version = outputs["venv"].strip().splitlines()[-1].rpartition("jax ")[2]
+  made = _script("accelerator_venv.sh", venv)  # its last line: "DIR: python X, jax Y"
+  _script("accelerator_wheels.sh", wheels)
+  jax_version = made.strip().splitlines()[-1].rpartition("jax ")[2]
   return str(venv / "bin" / "python"), jax_version, wheels
+
+
+def _script(script: str, target: Path) -> str:
+  """`bash scripts/SCRIPT TARGET` with the project's python: its stdout."""
+  made = subprocess.run(
+    ["bash", f"scripts/{script}", str(target)],
+    cwd=REPO,
+    env={k: v for k, v in os.environ.items() if k != "PYTHON"},
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+  assert made.returncode == 0, f"scripts/{script} (it needs the package index): " + (
+    made.stdout[-2000:] + made.stderr[-2000:]
+  )
+  return made.stdout
 
 
 @pytest.mark.slow
