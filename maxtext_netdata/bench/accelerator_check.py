@@ -30,9 +30,9 @@ tiny model and tiny sizes. The parts, in order:
    idle share and gaps, the real-data step's device time by kernel class, and loading alone
    (real tokens/s) per `grain_worker_count`;
 8. switch sweep: the configured batch on synthetic data with each switch of the mode (wider
-   heads, what each block keeps for the backward pass, scanned layers, fused projections),
-   the MFU of each and the fastest; a switch that fails (out of memory) is recorded and the
-   next one runs;
+   heads, Pallas's attention, XLA options as `compile_xla_flags`, what each block keeps for
+   the backward pass, fused projections), the MFU of each and the fastest; a switch that
+   fails (out of memory, an option this XLA refuses) is recorded and the next one runs;
 9. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
    fastest switches, the MFU of each and the best; it stops at the first size that fails (out
    of memory) and before a size whose compile would overrun the time budget;
@@ -131,6 +131,9 @@ ACCELERATOR = Sizes(
     # Pallas's flash attention on the segment ids (no mask bias, Triton's kernels): not yet
     # measured on a device; attention took 28% of the H200 step for 11% of its FLOPs.
     {"attention": "pallas"},
+    # XLA options not yet measured, each over the defaults (`xla_flags.CANDIDATES`): against
+    # the ~18 ms of memory-bound fusions of the H200's 68 ms step.
+    *({"compile_xla_flags": flags} for flags in xla_flags.CANDIDATES.values()),
     {"remat_policy": "none"},  # 1.00-1.04x at 32 on H200s, 1.00x and slower at 64
     {"fused_qkv": True, "fused_mlp": True},  # 0.96x with cuBLAS (faster only beside Triton)
   ),
@@ -183,6 +186,8 @@ DRY_RUN = Sizes(
     {"fused_qkv": True, "fused_mlp": True},
     {"attention": "einsum"},
     {"dtype": "bfloat16"},
+    # XLA's CPU compiler reads the GPU's options and ignores them: the path the candidates take
+    {"compile_xla_flags": xla_flags.CANDIDATES["cudnn_gemm_fusion"]},
   ),
   # XLA's runs on a CPU, and Pallas's interpreted (the same code path as on a GPU)
   attention_kernels=("cudnn", "cudnn_packed_fit", "xla", "pallas"),

@@ -76,6 +76,14 @@ def _registered_dataset_type(value: str) -> str:
   return value
 
 
+def _compile_flags(value: str) -> str:
+  # xla_flags is a leaf module without JAX, as the registry is: one parser of the key.
+  from maxtext_netdata.trainer import xla_flags  # noqa: PLC0415
+
+  xla_flags.compile_options(value)
+  return value
+
+
 def _float_text(value: Any) -> Any:
   """YAML 1.1 reads "1e-3" (no dot) as text; MaxText users write it."""
   if isinstance(value, str):
@@ -106,6 +114,7 @@ Fraction = Annotated[float, BeforeValidator(_float_text), AfterValidator(_fracti
 Names = Annotated[list[str], BeforeValidator(_as_list)]
 ModeWeights = Annotated[list[float], BeforeValidator(_as_list), AfterValidator(_mode_weights)]
 DatasetType = Annotated[str, AfterValidator(_registered_dataset_type)]
+CompileFlags = Annotated[str, BeforeValidator(_empty_if_none), AfterValidator(_compile_flags)]
 
 
 class ConfigModel(BaseModel):
@@ -301,6 +310,12 @@ class ConfigModel(BaseModel):
   )
   fused_mlp: bool = Field(
     False, description="the MLP's gate and up projections as one matmul (MaxText's key)"
+  )
+  compile_xla_flags: CompileFlags = Field(
+    "",
+    description="XLA options for compiling the train and eval steps only, as"
+    " `--name=value ...` (MaxText's key): this run's, over XLA_FLAGS; an option XLA does not"
+    ' know fails the compile, naming it (docs/training.md, "XLA flags")',
   )
 
   learning_rate: Real = Field(0.0003, description="peak learning rate")

@@ -35,7 +35,7 @@ from maxtext_netdata.distributed.mesh import batch_sharding, make_mesh, replicat
 from maxtext_netdata.errors import WritesTo
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline.interface import global_batch_size
-from maxtext_netdata.trainer import attention, checkpointing, evaluation, model, report
+from maxtext_netdata.trainer import attention, checkpointing, evaluation, model, report, xla_flags
 from maxtext_netdata.trainer.metric_logger import MetricLogger
 from maxtext_netdata.trainer.profiler import Profiler
 
@@ -103,6 +103,20 @@ def masked_loss(logits: jax.Array, batch: dict[str, jax.Array]) -> tuple[jax.Arr
   return jnp.sum(losses * learned) / jnp.maximum(real_tokens, 1), real_tokens
 
 
+def _compile_options(flags: str) -> dict[str, str | bool] | None:
+  """`compile_xla_flags` as the steps' `compiler_options` (MaxText compiles its steps with
+  them), tried on an empty program first: an option XLA does not know, or a value it cannot
+  read, is a one-line ConfigError here rather than a traceback at the first step."""
+  options = xla_flags.compile_options(flags)
+  if not options:
+    return None
+  try:
+    jax.jit(lambda: 0, compiler_options=options).lower().compile()
+  except jax.errors.JaxRuntimeError as e:
+    raise ConfigError(f"compile_xla_flags={flags!r}: {str(e).splitlines()[0]}") from None
+  return options
+
+
 class Trainer:
   """The jitted init / train / eval functions of one config on one mesh."""
 
@@ -113,16 +127,19 @@ class Trainer:
     self.state_sharding = replicated(mesh)
     self.batch_sharding = batch_sharding(config, mesh)
     self.init_state = jax.jit(self._init_state, out_shardings=self.state_sharding)
+    options = _compile_options(config.compile_xla_flags)
     self.train_step = jax.jit(
       self._train_step,
       in_shardings=(self.state_sharding, self.batch_sharding),
       out_shardings=(self.state_sharding, self.state_sharding),
       donate_argnums=0,
+      compiler_options=options,
     )
     self.eval_step = jax.jit(
       evaluation.make_eval_step(self.model.apply, config.vocab_size),
       in_shardings=(self.state_sharding, self.batch_sharding),
       out_shardings=self.state_sharding,
+      compiler_options=options,
     )
 
   def _init_state(self, rng: jax.Array) -> dict[str, Any]:

@@ -7,6 +7,12 @@ a backend. A flag the environment names keeps the environment's value:
 `XLA_FLAGS=--xla_gpu_enable_triton_gemm=true maxtext-netdata train ...` runs without the
 default. The flags only change what XLA's GPU compiler does; CPU and TPU runs ignore them.
 
+`compile_options` reads the config key `compile_xla_flags` (MaxText's key and syntax): XLA
+options for compiling the train and eval steps only, passed to `jax.jit(compiler_options=...)`.
+Unlike `XLA_FLAGS` they belong to one run's config, several runs of one process can each have
+their own (the accelerator check's switch sweep), and a name XLA does not know fails that
+compile with its name instead of ending the process. They take precedence over `XLA_FLAGS`.
+
 - `--xla_gpu_enable_triton_gemm=false`: the matmuls go to cuBLAS, not to XLA's Triton GEMM
   fusions. On an H200 XLA chose Triton for the latency model's key, value and output weight
   gradients and ran them split-K (f32 partial sums, then a reduction fusion): 10.4 ms of a 74
@@ -18,21 +24,47 @@ default. The flags only change what XLA's GPU compiler does; CPU and TPU runs ig
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import MutableMapping
 
 DEFAULTS = {"xla_gpu_enable_triton_gemm": "false"}
+_OPTION = re.compile(r"--([A-Za-z0-9_]+)=(.+)")
 
-# Flag sets not yet measured on an accelerator, each to be run against the defaults
-# (docs/performance.md, "Next on an accelerator"): what may still cut the ~18 ms of
-# memory-bound fusions in the H200's 68 ms step, by fusing elementwise work into the matmuls
-# (cuDNN's GEMM fusions, cuBLASLt's epilogues) or by XLA's block-level Triton emitter for the
-# norms. tests/trainer/test_xla_flags.py checks that the installed XLA knows each flag.
+# Flag sets not yet measured on an accelerator, each run against the defaults by the
+# accelerator check's switch sweep as `compile_xla_flags` (docs/performance.md, "Next on an
+# accelerator"): what may still cut the ~18 ms of memory-bound fusions in the H200's 68 ms
+# step, by fusing elementwise work into the matmuls (cuDNN's GEMM fusions) or by emitting the
+# norms and elementwise fusions with Triton's block-level emitter. Each must differ from the
+# XLA's defaults (tests/trainer/test_xla_flags.py: `--xla_gpu_enable_cublaslt=true`, once
+# listed here, is the default of jaxlib 0.11.2 and later, and would have measured nothing).
 CANDIDATES = {
   "cudnn_gemm_fusion": "--xla_gpu_enable_triton_gemm=true --xla_gpu_cudnn_gemm_fusion_level=2",
-  "cublaslt": "--xla_gpu_enable_cublaslt=true",
   "block_level_fusions": "--xla_gpu_experimental_enable_fusion_block_level_rewriter=true",
+  "triton_elementwise_fusions": (
+    "--xla_gpu_experimental_enable_triton_heroless_priority_fusion=true"
+  ),
 }
+
+
+def compile_options(flags: str) -> dict[str, str | bool]:
+  """`compile_xla_flags` as `jax.jit`'s `compiler_options`: whitespace-separated `--name=value`
+  tokens, as MaxText's `max_utils.parse_libtpu_flags_to_dict` reads them, with `true` and
+  `false` (any case) as bools, which XLA's option parser wants for a bool option.
+
+  Raises:
+    ValueError: a token that is not `--name=value`, or a name given twice.
+  """
+  options: dict[str, str | bool] = {}
+  for token in flags.replace("\\", " ").split():
+    match = _OPTION.fullmatch(token)
+    if not match:
+      raise ValueError(f"has {token!r}, not --name=value")
+    name, value = match.groups()
+    if name in options:
+      raise ValueError(f"names --{name} twice")
+    options[name] = {"true": True, "false": False}.get(value.lower(), value)
+  return options
 
 
 def _names(flags: str) -> set[str]:

@@ -178,6 +178,37 @@ def test_maxtext_config_admits_network_grain_and_network_keys(data_overrides):
   assert ours.grain_train_files == config.grain_train_files
 
 
+@pytest.mark.parametrize(
+  "flags",
+  [
+    "",
+    "--xla_a=TRUE \\\n  --xla_b=65536 --xla_dump_to=/tmp/a=b --xla_c=false",
+    "--xla_a",
+    "xla_a=1",
+    "--xla_a=",
+    "--xla_a=1 --xla_a=2",
+  ],
+)
+def test_compile_xla_flags_read_as_maxtext_reads_them(flags):
+  """`compile_xla_flags` is MaxText's key: our trainer accepts and refuses the values MaxText's
+  parser does, with the same names and values (bools as XLA's option parser takes them)."""
+  from maxtext.utils import max_utils  # noqa: PLC0415
+
+  from maxtext_netdata.trainer import xla_flags  # noqa: PLC0415
+
+  def read(parse):
+    try:
+      # bools as text, as MaxText keeps them; every other value as given
+      return {
+        k: str(v).lower() if str(v).lower() in ("true", "false") else v
+        for k, v in parse(flags).items()
+      }
+    except ValueError:
+      return None
+
+  assert read(xla_flags.compile_options) == read(max_utils.parse_libtpu_flags_to_dict)
+
+
 def test_maxtext_rejects_unknown_network_key():
   with pytest.raises(
     maxtext_plugin.MaxTextPluginError,

@@ -251,6 +251,28 @@ def test_the_loop_never_waits_for_the_step_it_dispatched(tmp_path, monkeypatch):
   assert previous_ready == [False] * 4
 
 
+def test_compile_xla_flags_compile_the_train_and_eval_steps(tmp_path):
+  """`compile_xla_flags` (MaxText's key) reach the train and eval steps' compiles: XLA dumps
+  both, with the option given beside the dump's, where the key asked. An option XLA does not
+  know, or a value it cannot read, is a one-line ConfigError before any step."""
+  dump = tmp_path / "dump"
+  flags = f"--xla_dump_to={dump} --xla_gpu_cudnn_gemm_fusion_level=2"
+  cfg = _config(
+    tmp_path, "steps=2", "eval_interval=2", "eval_steps=1", f"compile_xla_flags={flags}"
+  )
+  assert _run(cfg)["steps"] == 2
+  options = {path.name.split(".")[1]: path.read_text() for path in dump.glob("*.debug_options")}
+  assert {"jit__train_step", "jit_eval_step"} <= set(options)
+  assert all("xla_gpu_cudnn_gemm_fusion_level: 2" in options[n] for n in options)
+  mesh = make_mesh(cfg)
+  for flags, message in (
+    ("--xla_no_such_option=1", "No such compile option: 'xla_no_such_option'"),
+    ("--xla_gpu_enable_cublaslt=maybe", "xla_gpu_enable_cublaslt, 'maybe' is not a valid bool"),
+  ):
+    with pytest.raises(ConfigError, match=f"^compile_xla_flags='{flags}': .*{message}"):
+      train.Trainer(_config(tmp_path, f"compile_xla_flags={flags}"), mesh)
+
+
 def test_short_sequences_and_missing_files_fail_before_compiling(tmp_path):
   compiles = []
   jax.monitoring.register_event_duration_secs_listener(
