@@ -30,17 +30,22 @@ tiny model and tiny sizes. The parts, in order:
    idle share and gaps, the real-data step's device time by kernel class, and loading alone
    (real tokens/s) per `grain_worker_count`;
 8. switch sweep: the configured batch on synthetic data with each switch of the mode (wider
-   heads, Pallas's attention, XLA options as `compile_xla_flags`, what each block keeps for
-   the backward pass, fused projections), the MFU of each and the fastest; a switch that
-   fails (out of memory, an option this XLA refuses) is recorded and the next one runs;
+   heads, Pallas's attention, what each block keeps for the backward pass, fused
+   projections), the MFU of each and the fastest; a switch that fails (out of memory) is
+   recorded and the next one runs;
 9. batch sweep: `per_device_batch_size` around the configured one on synthetic data, with the
    fastest switches, the MFU of each and the best; it stops at the first size that fails (out
    of memory) and before a size whose compile would overrun the time budget;
 10. the synthetic step under the profiler, its device time beside the real one's;
 11. in-process loading alone per `grain_num_threads` (real tokens/s a core): measured alike
-   on both GPU hosts so far.
-The sweeps come before the last two, which repeat what earlier runs measured, as the budget
-may end the check early. The training runs and sweeps are `bench.accelerator_runs`'; the store,
+   on both GPU hosts so far;
+12. XLA option sweep: the configured batch on synthetic data compiled with each of
+   `Sizes.xla_options` as `compile_xla_flags` (`xla_flags.CANDIDATES` on a device), each
+   against the configured run. Last, as experimental compiler options are the likeliest to
+   end the process (a failed check inside XLA) rather than raise, which would lose the parts
+   after them; an option XLA refuses is recorded and the next one runs.
+The switch and batch sweeps come before parts 10 and 11, which repeat what earlier runs
+measured, as the budget may end the check early. The training runs and sweeps are `bench.accelerator_runs`'; the store,
 the attention on a real batch and loading alone `bench.accelerator_data`'s.
 
 The machine is lent for minutes, so a part that fails is recorded with its error and the next
@@ -131,9 +136,6 @@ ACCELERATOR = Sizes(
     # Pallas's flash attention on the segment ids (no mask bias, Triton's kernels): not yet
     # measured on a device; attention took 28% of the H200 step for 11% of its FLOPs.
     {"attention": "pallas"},
-    # XLA options not yet measured, each over the defaults (`xla_flags.CANDIDATES`): against
-    # the ~18 ms of memory-bound fusions of the H200's 68 ms step.
-    *({"compile_xla_flags": flags} for flags in xla_flags.CANDIDATES.values()),
     {"remat_policy": "none"},  # 1.00-1.04x at 32 on H200s, 1.00x and slower at 64
     {"fused_qkv": True, "fused_mlp": True},  # 0.96x with cuBLAS (faster only beside Triton)
   ),
@@ -141,6 +143,9 @@ ACCELERATOR = Sizes(
   # device checked. The third H200 run compiled all of `attention_kernels.KERNELS` at full
   # size in 124 s, which left the sweeps out of the budget.
   attention_kernels=("cudnn", "cudnn_packed_fit", "pallas"),
+  # Not yet measured, each over the defaults: against the ~18 ms of memory-bound fusions of
+  # the H200's 68 ms step (docs/performance.md, "Next on an accelerator").
+  xla_options=tuple(xla_flags.CANDIDATES.values()),
 )
 # The parts `--skip` may leave out: all but the synthetic reference and the outputs.
 SKIPPABLE = (
@@ -156,6 +161,7 @@ SKIPPABLE = (
   "batch_sweep",
   "synthetic_profile",
   "loading_threads",
+  "xla_option_sweep",
 )
 # The configuration the check falls back to when the configured step fails: XLA's attention
 # and every block recomputed, the least memory.
@@ -186,11 +192,12 @@ DRY_RUN = Sizes(
     {"fused_qkv": True, "fused_mlp": True},
     {"attention": "einsum"},
     {"dtype": "bfloat16"},
-    # XLA's CPU compiler reads the GPU's options and ignores them: the path the candidates take
-    {"compile_xla_flags": xla_flags.CANDIDATES["cudnn_gemm_fusion"]},
   ),
   # XLA's runs on a CPU, and Pallas's interpreted (the same code path as on a GPU)
   attention_kernels=("cudnn", "cudnn_packed_fit", "xla", "pallas"),
+  # The device's candidates: XLA's CPU compiler takes a GPU's options and ignores them, so the
+  # dry run under the VM's jax shows its XLA knows each (tests/bench/test_accelerator_check.py)
+  xla_options=tuple(xla_flags.CANDIDATES.values()),
 )
 
 
@@ -292,6 +299,7 @@ def run(args: argparse.Namespace) -> dict:
     "loading_threads": None,
     "switch_sweep": None,
     "batch_sweep": None,
+    "xla_option_sweep": None,
     "outputs": None,
     "synthetic_profile": None,
     "errors": {},
@@ -399,6 +407,20 @@ def run(args: argparse.Namespace) -> dict:
     needs=("synthetic",),
   )
   part("loading_threads", lambda: loading_by_threads(cfg, sizes), needs=("data",))
+  part(
+    "xla_option_sweep",
+    lambda: sweep_switches(
+      cfg,
+      sizes,
+      work / "runs",
+      report["synthetic"],
+      env,
+      budget,
+      switches=tuple({"compile_xla_flags": flags} for flags in sizes.xla_options),
+      name="xla_options",
+    ),
+    needs=("synthetic",),
+  )
   save()
   print(accelerator_report.format_table(report), flush=True)
   return report

@@ -148,6 +148,12 @@ def format_table(report: dict) -> str:
     stopped = f" ({'; '.join(stops)})" if stops else ""
     best = f" with {_switches(switched['best'])}" if switched["best"] else ""
     rows.append(("batch sweep", "; ".join(entries) + f"; best {sweep['best']:g}{best}{stopped}"))
+  options = report.get("xla_option_sweep")
+  if options:
+    entries = [_sweep_entry(_switches(r["switches"]), r) for r in options["runs"]]
+    entries.append(_sweep_entry("the configured run", report["synthetic"]))
+    stopped = f" ({options['stopped']})" if options["stopped"] else ""
+    rows.append(("xla options", "; ".join(entries) + stopped))
   for name, error in report["errors"].items():
     rows.append((f"{name} failed", error))
   for name, why in report["skipped"].items():

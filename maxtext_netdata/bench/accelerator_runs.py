@@ -46,6 +46,7 @@ class Sizes(NamedTuple):
   sweep_steps: int  # measured steps per swept batch size
   overrides: tuple[str, ...]  # config overrides of the mode
   switches: tuple[dict[str, object], ...] = ()  # config changes tried against the configured run
+  xla_options: tuple[str, ...] = ()  # `compile_xla_flags` values tried against the configured run
   attention_kernels: tuple[str, ...] = ()  # names of `attention_kernels.KERNELS` compared
 
 
@@ -224,9 +225,17 @@ def sweep_batch_sizes(
 
 
 def sweep_switches(
-  cfg: Config, sizes: Sizes, runs_dir: Path, configured: dict, env: dict, budget: Budget
+  cfg: Config,
+  sizes: Sizes,
+  runs_dir: Path,
+  configured: dict,
+  env: dict,
+  budget: Budget,
+  switches: tuple[dict[str, object], ...] | None = None,
+  name: str = "switch",
 ) -> dict:
-  """Synthetic steps of the configured batch with each of `sizes.switches` applied.
+  """Synthetic steps of the configured batch with each of `switches` (default
+  `sizes.switches`) applied, into `runs_dir/<name>_<number>`.
 
   A switch that fails is recorded and the next one runs; none starts once the budget left is
   shorter than the configured run took. `best` is the fastest switch ({} when the configured
@@ -236,17 +245,17 @@ def sweep_switches(
   keys += ("mfu", "mfu_real_tokens")
   best = {"switches": {}, **{key: configured[key] for key in keys}}
   runs, stopped = [], None
-  for number, switches in enumerate(sizes.switches):
-    name = " ".join(f"{k}={v}" for k, v in switches.items())
+  for number, switch in enumerate(sizes.switches if switches is None else switches):
+    label = " ".join(f"{k}={v}" for k, v in switch.items())
     if budget.left() < configured["wall_s"]:
-      stopped = f"{name} and the switches after it: {budget.left():.0f} s left"
+      stopped = f"{label} and the switches after it: {budget.left():.0f} s left"
       break
     try:
-      run = _sweep_run(cfg, sizes, env, runs_dir / f"switch_{number}", **switches)
+      run = _sweep_run(cfg, sizes, env, runs_dir / f"{name}_{number}", **switch)
     except Exception as e:  # cuDNN refusing the shapes, out of memory: the next one may run
-      runs.append({"switches": switches, "error": error_line(e)})
+      runs.append({"switches": switch, "error": error_line(e)})
       continue
-    runs.append({"switches": switches, **{key: run[key] for key in keys}})
+    runs.append({"switches": switch, **{key: run[key] for key in keys}})
     if run["tokens_per_s"] > best["tokens_per_s"]:
       best = runs[-1]
   return {"runs": runs, "best": best["switches"], "best_run": best, "stopped": stopped}

@@ -28,6 +28,7 @@ from maxtext_netdata.bench import (
 from maxtext_netdata.bench import report as bench_report
 from maxtext_netdata.distributed.mesh import make_mesh
 from maxtext_netdata.input_pipeline import interface
+from maxtext_netdata.trainer import xla_flags
 from tests.helpers import REPO
 
 TABLE_ROWS = (
@@ -49,6 +50,7 @@ TABLE_ROWS = (
   "synthetic device",
   "in-process",
   "batch sweep",
+  "xla options",
   "elapsed",
 )
 
@@ -194,6 +196,15 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   sweep = report["batch_sweep"]
   assert [r["per_device_batch_size"] for r in sweep["runs"]] == [2, 4]
   assert sweep["best"] in (2, 4) and sweep["stopped"] is None
+  # Every candidate compiled and ran under the VM's XLA, each against the configured run.
+  options = report["xla_option_sweep"]
+  candidates = [{"compile_xla_flags": flags} for flags in xla_flags.CANDIDATES.values()]
+  assert [r["switches"] for r in options["runs"]] == candidates
+  assert all(r["tokens_per_s"] > 0 for r in options["runs"]) and options["stopped"] is None
+  assert table[TABLE_ROWS.index("xla options")].endswith(
+    f"the configured run: {report['synthetic']['tokens_per_s']:,.0f} tokens/s,"
+    f" MFU {report['synthetic']['mfu']:.1%}"
+  )
 
   assert report["outputs"]["plot"] == str(out / "report.png")
   assert (out / "report.png").read_bytes().startswith(b"\x89PNG")
