@@ -45,8 +45,9 @@ tiny model and tiny sizes. The parts, in order:
    end the process (a failed check inside XLA) rather than raise, which would lose the parts
    after them; an option XLA refuses is recorded and the next one runs.
 The switch and batch sweeps come before parts 10 and 11, which repeat what earlier runs
-measured, as the budget may end the check early. The training runs and sweeps are `bench.accelerator_runs`'; the store,
-the attention on a real batch and loading alone `bench.accelerator_data`'s.
+measured, as the budget may end the check early. The training runs and sweeps are
+`bench.accelerator_runs`'; the store, the attention on a real batch and loading alone
+`bench.accelerator_data`'s.
 
 The machine is lent for minutes, so a part that fails is recorded with its error and the next
 one runs, and report.json is rewritten after every part. Compiled programs are cached on disk
