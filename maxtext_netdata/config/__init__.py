@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, get_args
@@ -218,6 +219,29 @@ def parse_override(text: str) -> tuple[str, Any]:
   if isinstance(value, (dict, type(None))) and raw.strip() not in ("null", "~", ""):
     value = raw
   return key, value
+
+
+_XLA_OPTION = re.compile(r"--([A-Za-z0-9_]+)=(.+)")
+
+
+def compile_options(flags: str) -> dict[str, str | bool]:
+  """`compile_xla_flags` as `jax.jit`'s `compiler_options`: whitespace-separated `--name=value`
+  tokens, as MaxText's `max_utils.parse_libtpu_flags_to_dict` reads them, with `true` and
+  `false` (any case) as bools, which XLA's option parser wants for a bool option.
+
+  Raises:
+    ValueError: a token that is not `--name=value`, or a name given twice.
+  """
+  options: dict[str, str | bool] = {}
+  for token in flags.replace("\\", " ").split():
+    match = _XLA_OPTION.fullmatch(token)
+    if not match:
+      raise ValueError(f"has {token!r}, not --name=value")
+    name, value = match.groups()
+    if name in options:
+      raise ValueError(f"names --{name} twice")
+    options[name] = {"true": True, "false": False}.get(value.lower(), value)
+  return options
 
 
 def unknown_key_message(key: str, known: Iterable[str], source: str) -> str:

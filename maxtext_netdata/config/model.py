@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from maxtext_netdata.config import compile_options
+
 # Value checks. Each raises ValueError("<reason>"); errors read "<source>: key=value <reason>".
 
 
@@ -77,10 +79,7 @@ def _registered_dataset_type(value: str) -> str:
 
 
 def _compile_flags(value: str) -> str:
-  # xla_flags is a leaf module without JAX, as the registry is: one parser of the key.
-  from maxtext_netdata.trainer import xla_flags  # noqa: PLC0415
-
-  xla_flags.compile_options(value)
+  compile_options(value)
   return value
 
 

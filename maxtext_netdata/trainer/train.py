@@ -29,13 +29,13 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from maxtext_netdata.config import Config, ConfigError, initialize, load
+from maxtext_netdata.config import Config, ConfigError, compile_options, initialize, load
 from maxtext_netdata.distributed import multihost
 from maxtext_netdata.distributed.mesh import batch_sharding, make_mesh, replicated
 from maxtext_netdata.errors import WritesTo
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline.interface import global_batch_size
-from maxtext_netdata.trainer import attention, checkpointing, evaluation, model, report, xla_flags
+from maxtext_netdata.trainer import attention, checkpointing, evaluation, model, report
 from maxtext_netdata.trainer.metric_logger import MetricLogger
 from maxtext_netdata.trainer.profiler import Profiler
 
@@ -107,7 +107,7 @@ def _compile_options(flags: str) -> dict[str, str | bool] | None:
   """`compile_xla_flags` as the steps' `compiler_options` (MaxText compiles its steps with
   them), tried on an empty program first: an option XLA does not know, or a value it cannot
   read, is a one-line ConfigError here rather than a traceback at the first step."""
-  options = xla_flags.compile_options(flags)
+  options = compile_options(flags)
   if not options:
     return None
   try:

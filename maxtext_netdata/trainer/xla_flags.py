@@ -7,29 +7,27 @@ a backend. A flag the environment names keeps the environment's value:
 `XLA_FLAGS=--xla_gpu_enable_triton_gemm=true maxtext-netdata train ...` runs without the
 default. The flags only change what XLA's GPU compiler does; CPU and TPU runs ignore them.
 
-`compile_options` reads the config key `compile_xla_flags` (MaxText's key and syntax): XLA
-options for compiling the train and eval steps only, passed to `jax.jit(compiler_options=...)`.
-Unlike `XLA_FLAGS` they belong to one run's config, several runs of one process can each have
-their own (the accelerator check's switch sweep), and a name XLA does not know fails that
-compile with its name instead of ending the process. They take precedence over `XLA_FLAGS`.
-
 - `--xla_gpu_enable_triton_gemm=false`: the matmuls go to cuBLAS, not to XLA's Triton GEMM
   fusions. On an H200 XLA chose Triton for the latency model's key, value and output weight
   gradients and ran them split-K (f32 partial sums, then a reduction fusion): 10.4 ms of a 74
   ms step for 9% of its FLOPs, ~200 TFLOP/s against cuBLAS's ~750 for the other matmuls. Off,
   the step took 67.9 against 73.9 ms at batch 32 (1.09x, MFU 33.6% -> 36.5%) and 130.0
   against 134.1 ms at batch 64 (docs/performance.md, "On an H200, a fourth run").
+
+For one run's steps, the config key `compile_xla_flags` (MaxText's key and syntax, read by
+`config.compile_options`) holds XLA options passed to `jax.jit(compiler_options=...)` when
+the trainer compiles its train and eval steps, over `XLA_FLAGS`: several runs of one process
+can each have their own (the accelerator check's XLA option sweep of `CANDIDATES`), and a
+name XLA does not know fails that compile, naming it, instead of ending the process.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from collections.abc import MutableMapping
 
 DEFAULTS = {"xla_gpu_enable_triton_gemm": "false"}
-_OPTION = re.compile(r"--([A-Za-z0-9_]+)=(.+)")
 
 # Flag sets not yet measured on an accelerator, each run against the defaults by the
 # accelerator check's switch sweep as `compile_xla_flags` (docs/performance.md, "Next on an
@@ -45,26 +43,6 @@ CANDIDATES = {
     "--xla_gpu_experimental_enable_triton_heroless_priority_fusion=true"
   ),
 }
-
-
-def compile_options(flags: str) -> dict[str, str | bool]:
-  """`compile_xla_flags` as `jax.jit`'s `compiler_options`: whitespace-separated `--name=value`
-  tokens, as MaxText's `max_utils.parse_libtpu_flags_to_dict` reads them, with `true` and
-  `false` (any case) as bools, which XLA's option parser wants for a bool option.
-
-  Raises:
-    ValueError: a token that is not `--name=value`, or a name given twice.
-  """
-  options: dict[str, str | bool] = {}
-  for token in flags.replace("\\", " ").split():
-    match = _OPTION.fullmatch(token)
-    if not match:
-      raise ValueError(f"has {token!r}, not --name=value")
-    name, value = match.groups()
-    if name in options:
-      raise ValueError(f"names --{name} twice")
-    options[name] = {"true": True, "false": False}.get(value.lower(), value)
-  return options
 
 
 def _names(flags: str) -> set[str]:

@@ -25,6 +25,7 @@ from tests.helpers.maxtext import SMOKE, TINY_MODEL
 
 pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
 
+from maxtext_netdata.config import compile_options  # noqa: E402
 from maxtext_netdata.errors import ConfigError  # noqa: E402
 from maxtext_netdata.maxtext import patch_checkpoints  # noqa: E402
 from maxtext_netdata.maxtext import plugin as maxtext_plugin  # noqa: E402
@@ -194,8 +195,6 @@ def test_compile_xla_flags_read_as_maxtext_reads_them(flags):
   parser does, with the same names and values (bools as XLA's option parser takes them)."""
   from maxtext.utils import max_utils  # noqa: PLC0415
 
-  from maxtext_netdata.trainer import xla_flags  # noqa: PLC0415
-
   def read(parse):
     try:
       # bools as text, as MaxText keeps them; every other value as given
@@ -206,7 +205,7 @@ def test_compile_xla_flags_read_as_maxtext_reads_them(flags):
     except ValueError:
       return None
 
-  assert read(xla_flags.compile_options) == read(max_utils.parse_libtpu_flags_to_dict)
+  assert read(compile_options) == read(max_utils.parse_libtpu_flags_to_dict)
 
 
 def test_maxtext_rejects_unknown_network_key():

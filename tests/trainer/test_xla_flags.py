@@ -62,8 +62,8 @@ def test_every_candidate_is_known_and_changes_what_the_defaults_compile_with(nam
   the run, and one the defaults already set would measure nothing (as
   `--xla_gpu_enable_cublaslt=true` would have: on by default). Each option of a candidate must
   change the options XLA compiles with, over the defaults the check starts with."""
-  defaults = xla_flags.compile_options(xla_flags.with_defaults(""))
-  candidate = xla_flags.compile_options(xla_flags.CANDIDATES[name])
+  defaults = config.compile_options(xla_flags.with_defaults(""))
+  candidate = config.compile_options(xla_flags.CANDIDATES[name])
   base = _debug_options(tmp_path, defaults)
   changed = _debug_options(tmp_path, {**defaults, **candidate})
   for option in candidate:
@@ -84,7 +84,7 @@ def test_every_candidate_is_known_and_changes_what_the_defaults_compile_with(nam
   ],
 )
 def test_compile_xla_flags_are_read_into_compile_options(flags, expected):
-  assert xla_flags.compile_options(flags) == expected
+  assert config.compile_options(flags) == expected
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_compile_xla_flags_are_read_into_compile_options(flags, expected):
 )
 def test_a_malformed_compile_xla_flags_is_a_config_error_naming_the_token(flags, message):
   with pytest.raises(ValueError, match=re.escape(message)):
-    xla_flags.compile_options(flags)
+    config.compile_options(flags)
   with pytest.raises(ConfigError, match=re.escape(f"compile_xla_flags={flags!r} {message}")):
     config.load(None, [f"compile_xla_flags={flags}"])
 
