@@ -21,6 +21,7 @@ from maxtext_netdata.bench import (
   accelerator_check,
   accelerator_report,
   accelerator_runs,
+  accelerator_sizes,
   accelerators,
   flops,
   profile,
@@ -150,7 +151,7 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   assert network["step_ratio_to_synthetic"] == pytest.approx(
     network["step_time"]["median"] / synthetic["step_time"]["median"]
   )
-  assert report["data"]["rows"] == accelerator_check.DRY_RUN.rows
+  assert report["data"]["rows"] == accelerator_sizes.DRY_RUN.rows
   on_demand = report["network_on_demand"]
   assert on_demand["step_ratio_to_synthetic"] > 0
   assert on_demand["real_tokens_per_step"] == network["real_tokens_per_step"]  # same batches
@@ -158,7 +159,7 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   # embedding lookup (a matmul: use_iota_embed) and with the other one (a gather).
   fixed, fixed_gather = report["network_fixed"], report["network_fixed_embed"]
   assert (fixed["use_iota_embed"], fixed_gather["use_iota_embed"]) == (True, False)
-  steps = accelerator_check.DRY_RUN.steps
+  steps = accelerator_sizes.DRY_RUN.steps
   assert fixed["step_time"]["n"] == fixed_gather["step_time"]["n"] == steps
   assert fixed["real_tokens_per_step"] == fixed_gather["real_tokens_per_step"] > 0
   assert fixed_gather["step_ratio_to_synthetic"] == pytest.approx(
@@ -174,7 +175,7 @@ def test_dry_run_writes_the_report_the_plot_the_trace_and_ends_with_the_table(tm
   kernels = attention["kernels"]
   for name in ("xla", "pallas"):
     assert max(kernels[name]["max_abs_error"].values()) < 1e-4 and kernels[name]["seconds"] > 0
-  assert set(kernels) == set(accelerator_check.DRY_RUN.attention_kernels)
+  assert set(kernels) == set(accelerator_sizes.DRY_RUN.attention_kernels)
   assert all("error" in kernels[name] for name in ("cudnn", "cudnn_packed_fit"))
   assert attention["speedup"]["xla"] == 1.0 and set(attention["speedup"]) == {"xla", "pallas"}
   assert "xla" in table[TABLE_ROWS.index("attention")]
@@ -392,7 +393,7 @@ def _sweep(monkeypatch, tmp_path, fails_from: int, budget_left: float = 1e9) -> 
   cfg = config.load(None, ["per_device_batch_size=32"])
   env = {"peak_tflops": None, "devices": 1}
   configured = _configured_run(32.0, 30_000.0)
-  sizes = accelerator_check.ACCELERATOR._replace(batch_scales=(0.5, 1.0, 1.5, 2.0))
+  sizes = accelerator_sizes.ACCELERATOR._replace(batch_scales=(0.5, 1.0, 1.5, 2.0))
   return accelerator_runs.sweep_batch_sizes(
     cfg, sizes, tmp_path, configured, env, _Left(budget_left)
   )
@@ -424,7 +425,7 @@ def test_batch_sweep_stops_before_overrunning_the_budget(monkeypatch, tmp_path):
 def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch, tmp_path):
   """A switch running out of memory is a result, not the end of the sweep; the fastest of the
   others is picked."""
-  switches = accelerator_check.ACCELERATOR.switches
+  switches = accelerator_sizes.ACCELERATOR.switches
   names = [" ".join(f"{key}={value}" for key, value in s.items()) for s in switches]
   # The first switch runs out of memory; the second is the fastest of the others.
   assert len(names) >= 3
@@ -441,13 +442,13 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
   configured = _configured_run(32.0, 15_000.0)
   sweep = accelerator_runs.sweep_switches(
     cfg,
-    accelerator_check.ACCELERATOR,
+    accelerator_sizes.ACCELERATOR,
     tmp_path,
     configured,
     {"peak_tflops": None, "devices": 1},
     _Left(1e9),
   )
-  assert [r["switches"] for r in sweep["runs"]] == list(accelerator_check.ACCELERATOR.switches)
+  assert [r["switches"] for r in sweep["runs"]] == list(accelerator_sizes.ACCELERATOR.switches)
   assert sweep["runs"][0]["error"].startswith("RuntimeError: RESOURCE_EXHAUSTED: Out of memory")
   assert [r.get("tokens_per_s") for r in sweep["runs"]] == [None, *tokens_per_s.values()]
   assert sweep["best"] == switches[1] and sweep["stopped"] is None
@@ -455,7 +456,7 @@ def test_switch_sweep_records_a_failing_switch_and_picks_the_fastest(monkeypatch
 
   stopped = accelerator_runs.sweep_switches(
     cfg,
-    accelerator_check.ACCELERATOR,
+    accelerator_sizes.ACCELERATOR,
     tmp_path,
     configured,
     {"peak_tflops": None, "devices": 1},
