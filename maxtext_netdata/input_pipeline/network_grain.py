@@ -188,11 +188,12 @@ def release_shared_memory() -> None:
   leaves the last ones to Python's resource tracker, which unlinks them with a "leaked
   shared_memory objects" warning. A task queued behind them on that pool returns when they
   are done. The pool is Grain's private attribute: without it there is nothing to wait for.
-  The wait is bounded (`RELEASE_WAIT_S`): a pool whose thread is gone (interpreter shutdown)
-  must not hang the caller.
+  The wait is bounded (`RELEASE_WAIT_S`): a pool whose thread is gone must not hang the caller.
+  While the interpreter tears itself down the pool's thread no longer runs, so there is no
+  wait at all (the resource tracker unlinks what is left).
   """
   pool = getattr(grain_multiprocessing.SharedMemoryArray, "_del_thread_pool", None)
-  if pool is None:
+  if pool is None or sys.is_finalizing():
     return
   try:
     pool.apply_async(tuple).get(timeout=RELEASE_WAIT_S)

@@ -18,6 +18,7 @@ one patch per module:
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.metadata
 from typing import Any
@@ -25,10 +26,22 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from maxtext_netdata.maxtext import patch_checkpoints, patch_config, patch_data, patch_metrics
+from maxtext_netdata.maxtext import (
+  patch_checkpoints,
+  patch_config,
+  patch_data,
+  patch_metrics,
+  patch_processes,
+)
 from maxtext_netdata.maxtext.patch_config import MaxTextPluginError, network_config
 
-__all__ = ["SUPPORTED_MAXTEXT", "MaxTextPluginError", "install", "network_config"]
+__all__ = [
+  "SUPPORTED_MAXTEXT",
+  "MaxTextPluginError",
+  "close_iterators",
+  "install",
+  "network_config",
+]
 
 SUPPORTED_MAXTEXT = ">=0.2.5,<0.3"
 
@@ -103,5 +116,14 @@ def install():
     modules["maxtext.common.checkpointing"], modules["maxtext.common.grain_utility"], iterator_class
   )
   patch_metrics.install(modules["maxtext.common.metric_logger"])
+  atexit.register(close_iterators)
   _INSTALLED["config_class"] = config_class
   return config_class
+
+
+def close_iterators() -> None:
+  """Ends the loading of every network_grain iterator MaxText was given (Grain workers,
+  /dev/shm blocks). MaxText never closes its train iterator; `maxtext-train` calls this on
+  its way out and `install` registers it to run at exit, while the interpreter still runs
+  the threads that closing needs (`patch_processes`)."""
+  patch_processes.close_all()

@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if e.code is None or isinstance(e.code, int):
       return e.code or 0
     raise
+  finally:  # however training ended: its loading processes end now, not at interpreter exit
+    maxtext_plugin.close_iterators()
   return 0
 
 
