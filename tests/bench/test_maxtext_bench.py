@@ -129,7 +129,7 @@ def test_a_sleeping_loader_map_is_the_bottleneck_and_workers_are_the_knob(tmp_pa
 
 @pytest.mark.slow
 def test_reading_the_loss_each_step_is_forced_synchronization(tmp_path, network, jax_cache):
-  # A bigger batch so the step (about 0.1 s here) hides the hook's logging without the read.
+  # A bigger batch so the step (about 0.15 s here) hides the hook's logging without the read.
   bigger = [*TINY_MODEL, "per_device_batch_size=16", "max_target_length=256"]
   report = _ok(
     *_bench(
@@ -149,9 +149,8 @@ def test_reading_the_loss_each_step_is_forced_synchronization(tmp_path, network,
   assert gaps["steps_with_gaps"] >= len(report["profile"]["steps"]) - 1
   # The profile finds the reads behind the gaps, and no wait for data. Which cause leads is the
   # machine's: on a loaded one the device here (the CPU) can end a step before the host's
-  # read begins, and such a gap is the host's other work (a clean clone's suite beside a busy
-  # core: 0.130 s of reads against 0.137 s of other work, over 4 gaps). tests/bench/
-  # test_profile.py checks the reads' attribution on a trace made to order.
+  # read begins, and such a gap is the host's other work. tests/bench/test_profile.py checks
+  # the reads' attribution on a trace made to order and on one of this run on a loaded host.
   assert gaps["by_cause_s"][bench_profile.DEVICE_READ] > 0, gaps
   assert gaps["by_cause_s"][bench_profile.DATA] == 0, gaps
   assert report["profile"]["host_waiting_on"] in {bench_profile.DEVICE_READ, bench_profile.HOST}

@@ -4,6 +4,7 @@ inserts on purpose are found and attributed; a loop without them shows none."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import pytest
 from maxtext_netdata.bench import profile
 from maxtext_netdata.bench import report as bench_report
 
+FIXTURES = Path(__file__).parent / "fixtures"
 STEPS = 8
 SLEEP_S = 0.04
 
@@ -108,6 +110,22 @@ def test_a_device_read_then_host_work_is_forced_synchronization(tmp_path):
   )
   assert verdict["kind"] == bench_report.FORCED_SYNC
   assert "device-to-host read" in verdict["text"]
+
+
+def test_a_read_that_waited_is_the_gap_s_cause_when_the_device_wraps_up_after_it():
+  # MaxText's loop on a tiny model reading each step's loss, then logging for 40 ms
+  # (tests/helpers/maxtext_hooks.py), traced on a 2-core host beside two busy processes. In one
+  # of the 4 steps the read waited 295 ms for the step and returned 3.3 ms before the CPU's
+  # last XLA event ended: the read caused that gap as much as the others.
+  events = profile.load_events(FIXTURES / "cpu_loaded_read_each_step_profile_events.json.gz")
+  result = profile.analyze_events(events, step_module="train_step")
+  assert result["module"] == "jit_train_step" and len(result["steps"]) == 4
+  causes = [g["cause"] for s in result["steps"] for g in s["gaps"]]
+  assert causes == [profile.DEVICE_READ] * 4
+  # The 13 reads of the previous step's scalars (already computed) in each step are not waits.
+  reads = [(a, b) for name, a, b in events["python"] if name.endswith("__float__")]
+  quick = [b - a for a, b in reads if b - a < profile.READ_WAITED_S * 1e9]
+  assert len(quick) > 40 and max(quick) < 0.2e6
 
 
 def test_saved_events_give_the_trace_s_analysis_and_a_window_of_it(tmp_path, step_s):

@@ -10,9 +10,12 @@ import time
 
 import grain.python as grain
 
-# Seconds of host work after each real-data step: below the test model's step, so without the
-# forced read it would overlap the next step and cost nothing.
-LOG_S = 0.04
+# Seconds of host work after each real-data step: below the test model's step (0.15 s on a quiet
+# 2-core host), so without the forced read it would overlap the next step and cost nothing; with
+# it, well above what a loaded host adds to a step (0.04 s here left the verdict to chance with
+# the suite's other worker busy: real steps measured faster than a reference step taken at a
+# busier moment).
+LOG_S = 0.1
 # Seconds a loader map sleeps per batch: far above the test model's step.
 SLOW_MAP_S = 0.25
 
