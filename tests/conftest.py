@@ -8,6 +8,10 @@ import pytest
 from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.kernels import warmup
 
+# Every child process prints its threads' stacks on SIGABRT: a test whose run hangs sends one
+# before killing it (tests/helpers/processes.py), so the failure says where the run was.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
 
 @pytest.fixture(scope="session")
 def sample_dir(tmp_path_factory) -> str:

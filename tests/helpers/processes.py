@@ -11,6 +11,7 @@ session's processes open or map while it runs: other processes on the machine cr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -88,6 +89,23 @@ def popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
   )
 
 
+def _stacks_and_kill(proc: subprocess.Popen, log: Path | None) -> str:
+  """The end of what `proc` wrote to stderr after a SIGABRT, on which Python's faulthandler
+  (on in every child: tests/conftest.py sets PYTHONFAULTHANDLER) prints each thread's stack;
+  then every process of its session is killed."""
+  err = None
+  with contextlib.suppress(ProcessLookupError):
+    os.kill(proc.pid, signal.SIGABRT)
+  with contextlib.suppress(subprocess.TimeoutExpired):
+    _, err = proc.communicate(timeout=15)
+  with contextlib.suppress(ProcessLookupError):
+    os.killpg(proc.pid, signal.SIGKILL)
+  proc.communicate()
+  if err is None and log is not None:
+    err = Path(log).read_text(encoding="utf-8", errors="replace")
+  return (err or "(no stderr)")[-6000:]
+
+
 def session(sid: int) -> list[psutil.Process]:
   alive = []
   for process in psutil.process_iter():
@@ -148,15 +166,21 @@ def _shm_of(pid: int) -> set[str]:
   return names
 
 
-def finish(proc: subprocess.Popen, shm_before: set[str], timeout: float = 120):
-  """Waits for `proc`; asserts nothing of its session and no /dev/shm entry it used is left."""
+def finish(
+  proc: subprocess.Popen, shm_before: set[str], timeout: float = 120, log: Path | None = None
+):
+  """Waits for `proc`; asserts nothing of its session and no /dev/shm entry it used is left.
+
+  A run still going after `timeout` fails the test with its threads' stacks: from its stderr,
+  or from `log` where its stderr goes to that file."""
   watch = proc.shm_watch
   try:
     out, err = proc.communicate(timeout=timeout)
   except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    pytest.fail(f"run still going {timeout} s after it was asked to end")
+    pytest.fail(
+      f"run still going {timeout} s after it was asked to end; where it was:\n"
+      + _stacks_and_kill(proc, log)
+    )
   deadline = time.monotonic() + 30
   while session(proc.pid) and time.monotonic() < deadline:
     time.sleep(0.2)

@@ -614,7 +614,7 @@ def test_sigterm_to_a_single_process_run_closes_the_workers(tmp_path, data_overr
         assert proc.poll() is None, "the run ended before its third step"
         time.sleep(0.2)
       os.kill(proc.pid, signal.SIGTERM)
-      code, _, _ = process_helpers.finish(proc, shm, timeout=120)
+      code, _, _ = process_helpers.finish(proc, shm, timeout=120, log=tmp_path / "log.txt")
     finally:
       if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
