@@ -89,7 +89,7 @@ def popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
   )
 
 
-def _stacks_and_kill(proc: subprocess.Popen, log: Path | None) -> str:
+def stacks_and_kill(proc: subprocess.Popen, log: Path | None) -> str:
   """The end of what `proc` wrote to stderr after a SIGABRT, on which Python's faulthandler
   (on in every child: tests/conftest.py sets PYTHONFAULTHANDLER) prints each thread's stack;
   then every process of its session is killed."""
@@ -179,7 +179,7 @@ def finish(
   except subprocess.TimeoutExpired:
     pytest.fail(
       f"run still going {timeout} s after it was asked to end; where it was:\n"
-      + _stacks_and_kill(proc, log)
+      + stacks_and_kill(proc, log)
     )
   deadline = time.monotonic() + 30
   while session(proc.pid) and time.monotonic() < deadline:
