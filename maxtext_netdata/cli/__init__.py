@@ -78,6 +78,13 @@ def _write_failure_line(error: OSError) -> str:
   return "; ".join([line, *getattr(error, "__notes__", [])])
 
 
+def _close_maxtext_iterators() -> None:
+  """The MaxText plugin's loading (Grain workers, /dev/shm blocks), where it was installed."""
+  plugin = sys.modules.get("maxtext_netdata.maxtext.plugin")
+  if plugin is not None:
+    plugin.close_iterators()
+
+
 def main(argv: list[str] | None = None) -> int:
   if argv is None:  # the command itself, not a call from Python: start with huge pages
     huge_pages.restart_with_huge_pages()
@@ -105,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
   # parse them; ours take every setting from the config, so the flags keep their defaults.
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
+  signals.on_forced_exit(_close_maxtext_iterators)
   try:
     with signals.as_exceptions():
       return int(module.run(args) or 0)
