@@ -119,7 +119,7 @@ def test_a_clean_up_that_hangs_after_sigterm_ends_after_the_grace_with_its_stack
   assert out.strip() == "hook ran"
 
 
-def _frame_seen_in(function_name: str, run) -> object:
+def _frame_seen_in(function_name: str, run) -> bool:
   """The result of `signals._unsafe` for the frame of `threading`'s `function_name` while it
   runs inside `run()`."""
   seen = []

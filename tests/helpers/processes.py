@@ -89,7 +89,18 @@ def popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
   )
 
 
-def stacks_and_kill(proc: subprocess.Popen, log: Path | None) -> str:
+def communicate_or_fail(
+  proc: subprocess.Popen, timeout: float, log: Path | str | None = None, when: str = ""
+) -> tuple[str | None, str | None]:
+  """`proc.communicate(timeout=timeout)`; a run still going then fails the test with its
+  threads' stacks (`stacks_and_kill`), from its stderr or from `log` where its stderr goes."""
+  try:
+    return proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    pytest.fail(f"run still going {timeout} s{when}; where it was:\n{stacks_and_kill(proc, log)}")
+
+
+def stacks_and_kill(proc: subprocess.Popen, log: Path | str | None) -> str:
   """The end of what `proc` wrote to stderr after a SIGABRT, on which Python's faulthandler
   (on in every child: tests/conftest.py sets PYTHONFAULTHANDLER) prints each thread's stack;
   then every process of its session is killed."""
@@ -171,16 +182,10 @@ def finish(
 ):
   """Waits for `proc`; asserts nothing of its session and no /dev/shm entry it used is left.
 
-  A run still going after `timeout` fails the test with its threads' stacks: from its stderr,
-  or from `log` where its stderr goes to that file."""
+  A run still going after `timeout` fails the test with its threads' stacks
+  (`communicate_or_fail`)."""
   watch = proc.shm_watch
-  try:
-    out, err = proc.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    pytest.fail(
-      f"run still going {timeout} s after it was asked to end; where it was:\n"
-      + stacks_and_kill(proc, log)
-    )
+  out, err = communicate_or_fail(proc, timeout, log, " after it was asked to end")
   deadline = time.monotonic() + 30
   while session(proc.pid) and time.monotonic() < deadline:
     time.sleep(0.2)

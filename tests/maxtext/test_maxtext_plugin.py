@@ -423,14 +423,10 @@ def _train_processes(out, run_name, num_processes, overrides, jax_cache) -> list
     for i, log in enumerate(logs)
   ]
   try:
-    for proc, log in zip(procs, logs, strict=True):
-      try:
-        proc.wait(timeout=300)
-      except subprocess.TimeoutExpired:
-        from tests.helpers import processes as process_helpers  # noqa: PLC0415
+    from tests.helpers import processes as process_helpers  # noqa: PLC0415
 
-        stacks = process_helpers.stacks_and_kill(proc, log.name)
-        pytest.fail(f"run still going after 300 s:\n{stacks}")
+    for proc, log in zip(procs, logs, strict=True):
+      process_helpers.communicate_or_fail(proc, 300, log.name)
   finally:
     for proc in procs:
       if proc.poll() is None:
@@ -555,11 +551,8 @@ def test_sigterm_with_jax_distributed_saves_and_leaves_nothing(
         assert proc.poll() is None, "the run ended before its third step"
         time.sleep(0.2)
       os.kill(proc.pid, signal.SIGTERM)
-      try:
-        code = proc.wait(timeout=120)
-      except subprocess.TimeoutExpired:
-        stacks = process_helpers.stacks_and_kill(proc, log.name)
-        pytest.fail(f"run still going 120 s after SIGTERM:\n{stacks}")
+      process_helpers.communicate_or_fail(proc, 120, log.name, " after SIGTERM")
+      code = proc.returncode
     finally:
       if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
