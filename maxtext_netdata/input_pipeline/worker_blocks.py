@@ -52,13 +52,26 @@ def left(prefix: str) -> list[str]:
   return sorted(path.name for path in SHM_DIR.glob(f"psm_{prefix}_*"))
 
 
-def unlink_left(prefix: str) -> list[str]:
-  """Unlinks the blocks of `prefix` still in /dev/shm, and takes them off the resource
-  tracker's list (`SharedMemory.unlink` does both); returns their names. Only for blocks no
-  process will still open or unlink: call it once the workers have ended and the main
-  process's arrays over them are gone (`network_grain.release_shared_memory`)."""
+def mapped() -> frozenset[str]:
+  """The names of the /dev/shm blocks this process maps now (from /proc/self/maps; empty
+  where there is none): blocks under arrays still alive here."""
+  try:
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+      return frozenset(line.rsplit("/", 1)[1].strip() for line in f if f" {SHM_DIR}/psm_" in line)
+  except OSError:
+    return frozenset()
+
+
+def unlink_left(prefix: str, keep: frozenset[str] = frozenset()) -> list[str]:
+  """Unlinks the blocks of `prefix` still in /dev/shm, except those named in `keep`, and takes
+  them off the resource tracker's list (`SharedMemory.unlink` does both); returns their names.
+  Only for blocks no process will still open or unlink: call it once the workers have ended,
+  with `keep=mapped()` where arrays over some may still be alive here (Grain unlinks those when
+  the arrays are garbage)."""
   unlinked = []
   for name in left(prefix):
+    if name in keep:
+      continue
     try:
       block = shared_memory.SharedMemory(name)
     except FileNotFoundError:  # unlinked meanwhile

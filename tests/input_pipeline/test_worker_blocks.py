@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from multiprocessing import shared_memory
 
 from maxtext_netdata.input_pipeline import worker_blocks
 
@@ -56,3 +57,21 @@ def test_prefixes_differ_and_nothing_is_found_for_an_unused_one():
   first, second = worker_blocks.new_prefix(), worker_blocks.new_prefix()
   assert first != second and first.startswith("nd") and len(first) == 10
   assert worker_blocks.left(first) == [] and worker_blocks.unlink_left(first) == []
+
+
+def test_blocks_this_process_maps_are_kept_and_the_others_unlinked():
+  """`unlink_left(prefix, keep=mapped())`, as an iterator's close calls it: a block under an
+  array still alive here stays (Grain unlinks it when the array goes), one nobody maps goes."""
+  prefix = worker_blocks.new_prefix()
+  held, dropped = (
+    shared_memory.SharedMemory(f"psm_{prefix}_{i}", create=True, size=4096) for i in range(2)
+  )
+  dropped.close()  # no longer mapped here, still in /dev/shm
+  try:
+    assert {held.name} <= worker_blocks.mapped() and dropped.name not in worker_blocks.mapped()
+    assert worker_blocks.unlink_left(prefix, keep=worker_blocks.mapped()) == [dropped.name]
+    assert worker_blocks.left(prefix) == [held.name]
+  finally:
+    held.close()
+    held.unlink()
+  assert worker_blocks.left(prefix) == []
