@@ -15,7 +15,7 @@ Lines handed over go to the reference a run of consecutive lines at a time (thei
 numbers and row order kept); a block with more than `_MAX_RUNS` runs goes to it whole.
 
 The first run on a machine (an empty numba cache) does not wait for the kernels' compile
-(~25-60 s for the scanner, ~15 s for the address parser and the line screen): `load` starts
+(~55-60 s for the scanner, ~15 s for the address parser and the line screen): `load` starts
 it on a thread (`kernels.warmup`) and `ingest_rows_of_block` maps the blocks that come
 meanwhile with the reference path and the kernels' uncompiled stand-ins, then hands over to
 the scanner. Both paths give the same rows, counts and errors, so the output does not depend
@@ -136,7 +136,7 @@ _SAMPLE = (
 )
 
 
-# Input mapped before the scanner's first compile on a machine starts (~25-60 s of a core).
+# Input mapped before the scanner's first compile on a machine starts (~55-60 s of a core).
 # Warm, the scanner maps 82 MB in 0.6 s where the reference path takes 3.7 s (2-core
 # development machine): worth its one-off compile for any sizeable input, not for a smaller
 # one, which the reference path reads in a few seconds without a compile.
@@ -223,7 +223,7 @@ def load(notice_after_s: float = 2.0, compile_after_bytes: int = COMPILE_AFTER_B
   them: a JSON array's splitter, the address parser and the line screen (`json_array.split`,
   `ip_text`, `json_scan.object_lines`: ~3-10 s and ~15 s cold, needed by both paths) by their
   uncompiled equivalents, and the results by the
-  reference path until the scanner is compiled; that compile (~25-60 s) starts only once
+  reference path until the scanner is compiled; that compile (~55-60 s) starts only once
   `compile_after_bytes` of input have been read, so a smaller input never waits for it or
   pays for it; a run that ends before it waits for it at exit, its output written, so that
   later runs have it. Either path gives the same rows, counts and errors (tests/data/ripe). Each

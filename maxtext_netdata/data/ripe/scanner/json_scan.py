@@ -82,8 +82,14 @@ _TRUE, _FALSE, NULL = (np.frombuffer(w, np.uint8) for w in (b"true", b"false", b
 # The helpers are compiled without numba's reference counting (`_nrt=False`): they allocate
 # nothing, and with it every call passing the block (inlined or not) counted references to it
 # with two atomic calls, which took 3/4 of the scan's time (1.6M lines/s per core without).
-# The small pieces are inlined where they are called: the scan is ~15% faster than with
-# calls, and its first compile 2.5x longer (measured 59 s against 23 s), a one-off cost.
+# Most small pieces are inlined by numba where they are called (`inline`): the scan is ~15%
+# faster than with calls, and its first compile 2.5x longer (measured 59 s against 23 s), a
+# one-off cost. Not the smallest (`space`, `_digit`, `_hex`): as plain calls LLVM inlines them
+# itself, where numba's inlining copied and re-typed their code 129 times (`_digit` 91 times,
+# in each copy of `number`). On the 2-core development machine, an empty cache
+# (`NUMBA_CACHE_DIR`), `scan_block` of the same 82 MB of lines: compile 70.5 -> 54.7 s, best
+# pass 196-204 -> 190-198 ms. `number` as a call too: 40.7 s, but the pass 7-9% slower;
+# `literal`, `copy`, `after_value`, `_spells` and `_which` on top: 47.1 s and 20% slower.
 helper = numba.njit(_nrt=False)
 inline = numba.njit(inline="always", _nrt=False)
 
@@ -143,7 +149,7 @@ def copy(src, start, length, dst, at):
       dst[at + j] = src[start + j]
 
 
-@inline
+@helper
 def space(buf, i, n):
   c = _byte(buf, i)
   while c == SPACE or c == TAB or c == CARRIAGE_RETURN:
@@ -152,7 +158,7 @@ def space(buf, i, n):
   return i
 
 
-@inline
+@helper
 def _hex(c):
   return (DIGIT_0 <= c <= DIGIT_9) or (UPPER_A <= c <= UPPER_F) or (LOWER_A <= c <= LOWER_F)
 
@@ -202,7 +208,7 @@ def _escape(buf, i, n):
   return -1
 
 
-@inline
+@helper
 def _digit(c):
   return DIGIT_0 <= c <= DIGIT_9
 

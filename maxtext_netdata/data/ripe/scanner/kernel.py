@@ -22,7 +22,7 @@ each result: hence at least one row.
 A valid JSON object whose `type` is another string is counted as another type whatever its
 other fields hold, as the reference does. The mapping of the rest is `reference.map_batch`'s.
 
-Compiled by numba with `cache=True`: the first use ever compiles it (25-60 s measured on the
+Compiled by numba with `cache=True`: the first use ever compiles it (55-62 s measured on the
 shared 2-vCPU development machine, most of it the inlined `json_scan` pieces), later
 processes load the machine code from the cache (0.3-0.8 s), keyed on this file's and
 `json_scan`'s text (`kernel_cache`).
