@@ -15,7 +15,7 @@ import sys
 import threading
 
 from maxtext_netdata.cli import signals
-from tests.helpers.processes import REPO
+from tests.helpers.processes import REPO, with_sigint_default
 
 _SCRIPT = """
 import sys, time
@@ -59,11 +59,10 @@ def _line(lines: queue.Queue, timeout: float) -> str:
 def test_each_signal_ends_its_round_though_most_land_in_a_finalizer():
   rounds = [signal.SIGINT, signal.SIGTERM] * 8
   proc = subprocess.Popen(
-    [sys.executable, "-c", _SCRIPT, str(len(rounds))],
+    with_sigint_default([sys.executable, "-c", _SCRIPT, str(len(rounds))]),
     cwd=REPO,
     stdout=subprocess.PIPE,
     text=True,
-    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
   )
   lines = _lines(proc)
   try:

@@ -73,19 +73,33 @@ def start(argv: list[str], jax_cache: str) -> subprocess.Popen:
   return proc
 
 
+# Runs its arguments as a command (exec: the same pid) with SIGINT's default disposition, which
+# an exec keeps. Where a `preexec_fn` would do it in the forked child, that child runs Python
+# code while it holds a copy of every lock the test process's threads (JAX's) held at the fork:
+# Python 3.12 warns of it ("os.fork() was called ... will likely lead to a deadlock").
+_SIGINT_DEFAULT = (
+  "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL);"
+  " os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
+def with_sigint_default(argv: list[str]) -> list[str]:
+  """`argv` started with SIGINT's default disposition, though this process ignores it."""
+  return [sys.executable, "-c", _SIGINT_DEFAULT, *argv]
+
+
 def popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
   """`argv` from the repository root with `env`, output captured as text, in a session of its
   own (so `os.killpg(proc.pid, ...)` reaches every process it starts) with SIGINT's default
   disposition."""
   return subprocess.Popen(
-    argv,
+    with_sigint_default(argv),
     cwd=REPO,
     env=env,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
     start_new_session=True,
-    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
   )
 
 

@@ -29,6 +29,7 @@ from maxtext_netdata.errors import DataError
 from maxtext_netdata.kernels import warmup
 from tests.data.raw.test_ip_text import _corpus as address_corpus
 from tests.data.ripe.test_differential import _corpus as results_corpus
+from tests.helpers.processes import with_sigint_default
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
@@ -205,14 +206,13 @@ def test_ctrl_c_ends_the_wait_for_the_scanner_compile_at_exit():
   """A first run whose output is written waits at exit for the scanner's compile; Ctrl-C there
   ends the process at once with one line, not a traceback (nor after the compile)."""
   process = subprocess.Popen(
-    [sys.executable, "-c", _WAITS_AT_EXIT],
-    stderr=subprocess.PIPE,
-    text=True,
-    env={**os.environ, "PYTHONPATH": ROOT},
     # Ctrl-C's default disposition: a child of a process that ignores SIGINT (a background
     # job, some pytest workers) inherits the ignore, and Python then never raises
     # KeyboardInterrupt.
-    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    with_sigint_default([sys.executable, "-c", _WAITS_AT_EXIT]),
+    stderr=subprocess.PIPE,
+    text=True,
+    env={**os.environ, "PYTHONPATH": ROOT},
   )
   try:
     assert "Ctrl-C skips it" in process.stderr.readline()
