@@ -387,4 +387,4 @@ class HostBatchIterator:
       # with the resource tracker would otherwise end the process with a "leaked
       # shared_memory objects" warning (seen in 1 of ~40 SIGTERMs to a MaxText run beside
       # busy cores). Blocks under arrays still alive here are Grain's to unlink.
-      worker_blocks.unlink_left(self._blocks, keep=worker_blocks.mapped())
+      worker_blocks.unlink_left(self._blocks, keep_mapped=True)

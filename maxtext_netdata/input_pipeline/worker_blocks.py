@@ -62,14 +62,16 @@ def mapped() -> frozenset[str]:
     return frozenset()
 
 
-def unlink_left(prefix: str, keep: frozenset[str] = frozenset()) -> list[str]:
-  """Unlinks the blocks of `prefix` still in /dev/shm, except those named in `keep`, and takes
-  them off the resource tracker's list (`SharedMemory.unlink` does both); returns their names.
-  Only for blocks no process will still open or unlink: call it once the workers have ended,
-  with `keep=mapped()` where arrays over some may still be alive here (Grain unlinks those when
-  the arrays are garbage)."""
+def unlink_left(prefix: str, keep_mapped: bool = False) -> list[str]:
+  """Unlinks the blocks of `prefix` still in /dev/shm and takes them off the resource tracker's
+  list (`SharedMemory.unlink` does both); returns their names. Only for blocks no process will
+  still open or unlink: call it once the workers have ended, with `keep_mapped` where arrays
+  over some may still be alive here (those this process maps, `mapped()`, are kept: Grain
+  unlinks them when the arrays are garbage). `mapped()` is read only when a block is left."""
+  names = left(prefix)
+  keep = mapped() if keep_mapped and names else frozenset()
   unlinked = []
-  for name in left(prefix):
+  for name in names:
     if name in keep:
       continue
     try:

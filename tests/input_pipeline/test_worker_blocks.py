@@ -60,7 +60,7 @@ def test_prefixes_differ_and_nothing_is_found_for_an_unused_one():
 
 
 def test_blocks_this_process_maps_are_kept_and_the_others_unlinked():
-  """`unlink_left(prefix, keep=mapped())`, as an iterator's close calls it: a block under an
+  """`unlink_left(prefix, keep_mapped=True)`, as an iterator's close calls it: a block under an
   array still alive here stays (Grain unlinks it when the array goes), one nobody maps goes."""
   prefix = worker_blocks.new_prefix()
   held, dropped = (
@@ -69,7 +69,7 @@ def test_blocks_this_process_maps_are_kept_and_the_others_unlinked():
   dropped.close()  # no longer mapped here, still in /dev/shm
   try:
     assert {held.name} <= worker_blocks.mapped() and dropped.name not in worker_blocks.mapped()
-    assert worker_blocks.unlink_left(prefix, keep=worker_blocks.mapped()) == [dropped.name]
+    assert worker_blocks.unlink_left(prefix, keep_mapped=True) == [dropped.name]
     assert worker_blocks.left(prefix) == [held.name]
   finally:
     held.close()
