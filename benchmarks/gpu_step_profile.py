@@ -29,7 +29,7 @@ import jax
 from maxtext_netdata import config
 from maxtext_netdata.bench import accelerator_check, accelerator_data, benchmark
 from maxtext_netdata.bench import profile as bench_profile
-from maxtext_netdata.bench.report import WARMUP_STEPS
+from maxtext_netdata.bench.arguments import WARMUP_STEPS
 from maxtext_netdata.trainer.profiler import trace_dir
 
 

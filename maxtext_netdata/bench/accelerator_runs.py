@@ -21,7 +21,7 @@ import numpy as np
 
 from maxtext_netdata.bench import benchmark, flops
 from maxtext_netdata.bench import profile as bench_profile
-from maxtext_netdata.bench.report import WARMUP_STEPS
+from maxtext_netdata.bench.arguments import WARMUP_STEPS
 from maxtext_netdata.config import Config
 from maxtext_netdata.input_pipeline import interface, registry, synthetic
 from maxtext_netdata.trainer import model

@@ -17,33 +17,10 @@ import jax
 import psutil
 
 from maxtext_netdata.bench import loading
+from maxtext_netdata.bench.chips import DEVICE_KINDS, PEAK_TFLOPS
 from maxtext_netdata.config import Config
 from maxtext_netdata.errors import ConfigError
 from maxtext_netdata.trainer import model
-
-# Dense bf16 peak TFLOP/s per chip, from the vendors' data sheets.
-PEAK_TFLOPS = {
-  "a100": 312.0,
-  "h100": 989.0,
-  "h200": 989.0,  # the H100's chip with more and faster memory
-  "v5e": 197.0,
-  "v5p": 459.0,
-  "v6e": 918.0,
-}
-
-# jax's `device_kind` -> chip, first match wins ("NVIDIA H100 80GB HBM3", "TPU v5 lite").
-# The H100 PCIe peaks lower (756) and is left unmatched rather than counted as an SXM card.
-_DEVICE_KINDS = (
-  ("H200", "h200"),
-  ("H100 PCIe", None),
-  ("H100", "h100"),
-  ("A100", "a100"),
-  ("TPU v5 lite", "v5e"),
-  ("TPU v5e", "v5e"),
-  ("TPU v5", "v5p"),
-  ("TPU v6 lite", "v6e"),
-  ("TPU v6e", "v6e"),
-)
 
 # Reported when installed: the stack the step runs on and what the pipeline imports.
 PACKAGES = (
@@ -90,7 +67,7 @@ def resolve_peak_tflops(
 
 def chip_of_device_kind(device_kind: str) -> str | None:
   """The PEAK_TFLOPS chip of a jax `device_kind`, or None for one not listed (a CPU)."""
-  return next((chip for pattern, chip in _DEVICE_KINDS if pattern in device_kind), None)
+  return next((chip for pattern, chip in DEVICE_KINDS if pattern in device_kind), None)
 
 
 def estimate(

@@ -29,7 +29,7 @@ import jax
 from maxtext_netdata.bench import loading, render
 from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench import report as bench_report
-from maxtext_netdata.bench.report import WARMUP_STEPS
+from maxtext_netdata.bench.arguments import WARMUP_STEPS
 from maxtext_netdata.errors import ConfigError
 
 # Dataset types MaxText 0.2.5's create_data_iterator builds, plus ours through the plugin.

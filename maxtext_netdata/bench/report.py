@@ -17,9 +17,6 @@ import numpy as np
 from maxtext_netdata.bench import kernel_time
 from maxtext_netdata.bench import profile as bench_profile
 
-# Training steps left out of the step statistics: the first compiles, the second may still
-# pay for the first step's metrics transfer.
-WARMUP_STEPS = 2
 # Real steps this much slower than the reference step are "slower".
 SLOWDOWN_TOLERANCE = 1.10
 # Slower real steps whose data wait accounts for this share of the extra time are starved by

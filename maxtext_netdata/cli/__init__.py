@@ -2,9 +2,10 @@
 
 The top of the house: it may import every room, and no room imports it.
 
-Each subcommand lives in its own module, which offers `add_arguments(parser)` and
-`run(args) -> int`; modules are imported only when their subcommand runs, so `--help` and
-light commands start fast. Expected failures (bad data, bad config, an output that cannot
+Each subcommand lives in its own module, which offers `run(args) -> int`, and takes its
+arguments from `add_arguments(parser)` there or, for a command whose module imports jax,
+numba or pyarrow, from a light module of its room (`Command.arguments`). A command's module
+is imported only when it runs, so every `--help` answers in about half a second. Expected failures (bad data, bad config, an output that cannot
 be written: a full disk, no permission, a read-only filesystem) print one line naming the
 cause and exit with status 2. Ctrl-C exits with 130 and SIGTERM with 143, both after the
 command's own clean-up has run (worker processes closed, temporary files removed).
@@ -18,6 +19,7 @@ import importlib
 import os
 import signal
 import sys
+from typing import NamedTuple
 
 from maxtext_netdata.cli import huge_pages, signals
 from maxtext_netdata.config import ConfigError
@@ -29,24 +31,58 @@ from maxtext_netdata.trainer import xla_flags
 # to be shown with its traceback.
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES})
 
-# name → (module, one-line help)
+
+class Command(NamedTuple):
+  module: str  # offers run(args) -> int
+  help: str  # one line
+  # "module:function" adding the arguments, when not the command module's add_arguments
+  arguments: str = ""
+
+
 COMMANDS = {
-  "generate": (
-    "maxtext_netdata.data.synthetic.generate",
-    "write realistic raw ping parquet shards",
+  "generate": Command(
+    "maxtext_netdata.data.synthetic.generate", "write realistic raw ping parquet shards"
   ),
-  "ingest": ("maxtext_netdata.data.ripe.ingest", "RIPE Atlas ping results (JSON) -> raw parquet"),
-  "prepare": ("maxtext_netdata.data.prepare.prepare", "raw parquet -> the prepared store (cached)"),
-  "tokenize": (
+  "ingest": Command(
+    "maxtext_netdata.data.ripe.ingest",
+    "RIPE Atlas ping results (JSON) -> raw parquet",
+    "maxtext_netdata.data.ripe.arguments:add_arguments",
+  ),
+  "prepare": Command(
+    "maxtext_netdata.data.prepare.prepare",
+    "raw parquet -> the prepared store (cached)",
+    "maxtext_netdata.data.prepare.arguments:prepare",
+  ),
+  "tokenize": Command(
     "maxtext_netdata.data.prepare.tokenize_cli",
     "tokenize a raw parquet file, one JSON list per row",
+    "maxtext_netdata.data.prepare.arguments:tokenize",
   ),
-  "decode": ("maxtext_netdata.format.decode_cli", "token ids back into readable measurements"),
-  "batches": ("maxtext_netdata.input_pipeline.batches_cli", "one digest line per batch"),
-  "train": ("maxtext_netdata.trainer.train", "train a model (MaxText-style trainer)"),
-  "bench": ("maxtext_netdata.bench.benchmark", "data-loading benchmark with a verdict"),
-  "maxtext-train": ("maxtext_netdata.maxtext.train", "run MaxText's trainer with the plugin"),
+  "decode": Command(
+    "maxtext_netdata.format.decode_cli", "token ids back into readable measurements"
+  ),
+  "batches": Command("maxtext_netdata.input_pipeline.batches_cli", "one digest line per batch"),
+  "train": Command(
+    "maxtext_netdata.trainer.train",
+    "train a model (MaxText-style trainer)",
+    "maxtext_netdata.trainer.arguments:add_arguments",
+  ),
+  "bench": Command(
+    "maxtext_netdata.bench.benchmark",
+    "data-loading benchmark with a verdict",
+    "maxtext_netdata.bench.arguments:add_arguments",
+  ),
+  "maxtext-train": Command(
+    "maxtext_netdata.maxtext.train", "run MaxText's trainer with the plugin"
+  ),
 }
+
+
+def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
+  """Adds command `name`'s arguments to `parser`, importing no more than they need."""
+  command = COMMANDS[name]
+  module_name, _, function = (command.arguments or f"{command.module}:add_arguments").partition(":")
+  getattr(importlib.import_module(module_name), function)(parser)
 
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
@@ -56,10 +92,10 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
   )
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
   sub.required = True
-  for name, (module_name, help_text) in COMMANDS.items():
-    command_parser = sub.add_parser(name, help=help_text, description=help_text)
+  for name, command in COMMANDS.items():
+    command_parser = sub.add_parser(name, help=command.help, description=command.help)
     if name == selected:
-      importlib.import_module(module_name).add_arguments(command_parser)
+      add_arguments(name, command_parser)
   return parser
 
 
@@ -105,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = [*args.overrides, *extra]
   args.passthrough = passthrough
   xla_flags.apply()  # before any backend starts: XLA reads its flags then, once
-  module = importlib.import_module(COMMANDS[args.command][0])
+  module = importlib.import_module(COMMANDS[args.command].module)
   from absl import flags  # noqa: PLC0415
 
   # Grain reads its absl flags when it starts worker processes, and only an entry point may

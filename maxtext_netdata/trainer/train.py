@@ -36,6 +36,7 @@ from maxtext_netdata.errors import WritesTo
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline.interface import global_batch_size
 from maxtext_netdata.trainer import attention, checkpointing, evaluation, model, report
+from maxtext_netdata.trainer.arguments import add_arguments
 from maxtext_netdata.trainer.metric_logger import MetricLogger
 from maxtext_netdata.trainer.profiler import Profiler
 
@@ -410,11 +411,6 @@ def _close_all(closers: list[Callable[[], None]], failing: bool) -> None:
       first = first or e
   if first is not None and not failing:
     raise first
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("config", help="YAML config, e.g. configs/smoke.yml")
-  parser.add_argument("overrides", nargs="*", help="key=value overrides")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ pytest.importorskip("datasets", reason="MaxText's hf pipeline needs datasets ('.
 
 from maxtext_netdata.bench import maxtext_bench, text_corpus  # noqa: E402
 from maxtext_netdata.bench import report as bench_report  # noqa: E402
-from maxtext_netdata.bench.report import WARMUP_STEPS  # noqa: E402
+from maxtext_netdata.bench.arguments import WARMUP_STEPS  # noqa: E402
 
 # Each test starts MaxText and its training: the full suite runs them, `--fast` does not.
 pytestmark = pytest.mark.slow

@@ -322,19 +322,6 @@ def format_summary(summary: dict) -> str:
   return "\n".join(lines)
 
 
-def add_arguments(parser) -> None:
-  parser.add_argument("config", help="YAML config (e.g. configs/base.yml)")
-  parser.add_argument("overrides", nargs="*", help="key=value config overrides")
-  parser.add_argument("--force", action="store_true", help="rebuild even if a current store exists")
-  parser.add_argument(
-    "--runner",
-    choices=("builtin", "beam"),
-    default="builtin",
-    help="builtin: this process; beam: an Apache Beam pipeline (pip install '.[beam]'), its"
-    " options after `--` (DirectRunner by default)",
-  )
-
-
 def run(args) -> int:
   config = load_config(args.config, args.overrides)
   runner = None

@@ -18,24 +18,6 @@ from maxtext_netdata.data.raw import reader, schema
 from maxtext_netdata.errors import UserError
 from maxtext_netdata.format import tokenizer
 
-FIELD_ORDERS = ("fixed", "hashed", "random")
-TIMESTAMPS = ("abs", "delta", "none")
-
-
-def add_arguments(parser) -> None:
-  parser.add_argument("file", help="raw parquet file: a path, gs:// or s3:// URI")
-  parser.add_argument(
-    "--field-order",
-    choices=FIELD_ORDERS,
-    default="fixed",
-    help="order of a measurement's field blocks (default fixed: src, dst, result, timestamp)",
-  )
-  parser.add_argument(
-    "--timestamps", choices=TIMESTAMPS, default="delta", help="timestamp tokens (default delta)"
-  )
-  parser.add_argument("--limit", type=int, default=None, help="tokenize the first N rows only")
-  parser.add_argument("--seed", type=int, default=0, help="seed of --field-order random")
-
 
 def read_rows(path: str, limit: int | None = None) -> schema.RawColumns:
   """Validated rows of `path`, the first `limit` only (reading no further row groups)."""

@@ -1,0 +1,35 @@
+"""The arguments of `maxtext-netdata prepare` and `tokenize`, apart from their commands so that
+`--help` answers before numba and pyarrow are imported (0.5 s against 1.3 s)."""
+
+from __future__ import annotations
+
+FIELD_ORDERS = ("fixed", "hashed", "random")
+TIMESTAMPS = ("abs", "delta", "none")
+
+
+def prepare(parser) -> None:
+  parser.add_argument("config", help="YAML config (e.g. configs/base.yml)")
+  parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+  parser.add_argument("--force", action="store_true", help="rebuild even if a current store exists")
+  parser.add_argument(
+    "--runner",
+    choices=("builtin", "beam"),
+    default="builtin",
+    help="builtin: this process; beam: an Apache Beam pipeline (pip install '.[beam]'), its"
+    " options after `--` (DirectRunner by default)",
+  )
+
+
+def tokenize(parser) -> None:
+  parser.add_argument("file", help="raw parquet file: a path, gs:// or s3:// URI")
+  parser.add_argument(
+    "--field-order",
+    choices=FIELD_ORDERS,
+    default="fixed",
+    help="order of a measurement's field blocks (default fixed: src, dst, result, timestamp)",
+  )
+  parser.add_argument(
+    "--timestamps", choices=TIMESTAMPS, default="delta", help="timestamp tokens (default delta)"
+  )
+  parser.add_argument("--limit", type=int, default=None, help="tokenize the first N rows only")
+  parser.add_argument("--seed", type=int, default=0, help="seed of --field-order random")
