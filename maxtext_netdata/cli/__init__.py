@@ -5,10 +5,12 @@ The top of the house: it may import every room, and no room imports it.
 Each subcommand lives in its own module, which offers `run(args) -> int`, and takes its
 arguments from `add_arguments(parser)` there or, for a command whose module imports jax,
 numba or pyarrow, from a light module of its room (`Command.arguments`). A command's module
-is imported only when it runs, so every `--help` answers in about half a second. Expected failures (bad data, bad config, an output that cannot
-be written: a full disk, no permission, a read-only filesystem) print one line naming the
-cause and exit with status 2. Ctrl-C exits with 130 and SIGTERM with 143, both after the
-command's own clean-up has run (worker processes closed, temporary files removed).
+is imported only when it runs, so every `--help` answers within a second (`train --help`:
+0.3 s; 3.9 s when it imported the trainer). Expected failures (bad data, bad config, an
+output that cannot be written: a full disk, no permission, a read-only filesystem) print one
+line naming the cause and exit with status 2. Ctrl-C exits with 130 and SIGTERM with 143,
+both after the command's own clean-up has run (worker processes closed, temporary files
+removed).
 """
 
 from __future__ import annotations
