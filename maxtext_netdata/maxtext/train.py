@@ -15,7 +15,7 @@ import sys
 
 import yaml
 
-from maxtext_netdata.config import configs_dir
+from maxtext_netdata.config import configs_dir, parse_override
 from maxtext_netdata.errors import UserError
 from maxtext_netdata.maxtext import plugin as maxtext_plugin
 
@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
   path = resolve_config(args.config)
   if not path.endswith(".yml"):
     raise UserError(f"{path}: MaxText reads its config only from a .yml file")
+  for override in args.overrides:  # before MaxText's 13 s import, which would end the same way
+    parse_override(override)
   overrides = absolute_output_directory(path, args.overrides)
   maxtext_plugin.install()
   from absl import app  # noqa: PLC0415
