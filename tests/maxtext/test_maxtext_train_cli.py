@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
+from maxtext_netdata.maxtext import plugin as maxtext_plugin
 from maxtext_netdata.maxtext import train
+from maxtext_netdata.maxtext.patch_config import MaxTextPluginError
 from tests.helpers import REPO
 
 
@@ -34,11 +36,26 @@ def test_a_relative_output_directory_is_made_absolute(tmp_path, in_yaml, overrid
     assert result == [*overrides, f"base_output_directory={os.path.abspath(added)}"]
 
 
-def test_an_override_without_a_value_is_one_line_before_maxtext_starts():
-  # MaxText's import alone takes ~13 s and its config check logs every key it knows: the one
-  # line, alone on stderr, says neither ran.
+@pytest.mark.parametrize(
+  ("override", "message"),
+  [
+    ("x", "override 'x' is not of the form key=value"),
+    ("stepz=3", "MaxText config: unknown config key 'stepz'; did you mean 'steps'?"),
+  ],
+)
+def test_a_bad_override_is_one_line_before_maxtexts_trainer_starts(override, message):
+  # The trainer's import alone takes ~13 s and MaxText's config check logs every key it knows
+  # first: neither ran when stderr ends in the one line and holds no such log.
   result = subprocess.run(
-    [sys.executable, "-m", "maxtext_netdata", "maxtext-train", "configs/maxtext/smoke.yml", "x"],
+    [
+      sys.executable,
+      "-m",
+      "maxtext_netdata",
+      "maxtext-train",
+      "configs/maxtext/smoke.yml",
+      "steps=5",
+      override,
+    ],
     cwd=REPO,
     env={**os.environ, "JAX_PLATFORMS": "cpu"},
     capture_output=True,
@@ -46,6 +63,13 @@ def test_an_override_without_a_value_is_one_line_before_maxtext_starts():
     timeout=120,
   )
   assert result.returncode == 2
-  assert result.stderr.splitlines() == [
-    "maxtext-netdata maxtext-train: error: override 'x' is not of the form key=value"
-  ]
+  assert result.stderr.splitlines()[-1] == f"maxtext-netdata maxtext-train: error: {message}"
+  assert "MAXTEXT CONFIG ERROR" not in result.stderr
+
+
+def test_override_keys_are_checked_as_leniently_as_maxtext_does():
+  fields = maxtext_plugin.install().model_fields
+  # Top-level keys, ours among them, keys of nested models (LoRA's), dotted keys: all pass.
+  train.check_keys(["steps", "network_split", "lora_rank", "lora.lora_rank"], fields)
+  with pytest.raises(MaxTextPluginError, match="unknown config key 'lora_rnak'"):
+    train.check_keys(["steps", "lora_rnak"], fields)
