@@ -66,7 +66,6 @@ OFFLINE_TOKENIZATION = (
 def run(args) -> int:
   """`bench --maxtext`: measure, decide, write the report and the plot."""
   from maxtext_netdata.bench import maxtext_run
-  from maxtext_netdata.maxtext import plugin
   from maxtext_netdata.maxtext import train as maxtext_train
 
   path = maxtext_train.resolve_config(args.config)
@@ -74,7 +73,7 @@ def run(args) -> int:
     raise ConfigError(f"--steps={args.steps} must be >= 0 and --batches={args.batches} >= 1")
   if args.profile and args.steps < 2:
     raise ConfigError(f"--profile records real-data steps: it needs --steps >= 2, not {args.steps}")
-  plugin.install()
+  maxtext_train.install_checking(args.overrides)
   maxtext_run.call_hook(args.loop_hook)
   cfg = load_config(path, args.overrides)
   sweep = loading.parse_sweep(args.sweep_workers)

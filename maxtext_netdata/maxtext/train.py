@@ -54,6 +54,13 @@ def absolute_output_directory(path: str, overrides: list[str]) -> list[str]:
   return [*overrides, key + os.path.abspath(value)]
 
 
+def install_checking(overrides: list[str]) -> None:
+  """Installs the plugin, then checks the keys of `overrides` against MaxText's config (ours
+  included): a bad override is one line before MaxText's trainer is imported."""
+  keys = [parse_override(override)[0] for override in overrides]
+  check_keys(keys, maxtext_plugin.install().model_fields)
+
+
 def check_keys(keys: list[str], fields: dict) -> None:
   """Raises for the first override key MaxText's config would refuse.
 
@@ -81,10 +88,8 @@ def run(args: argparse.Namespace) -> int:
   path = resolve_config(args.config)
   if not path.endswith(".yml"):
     raise UserError(f"{path}: MaxText reads its config only from a .yml file")
-  keys = [parse_override(override)[0] for override in args.overrides]
+  install_checking(args.overrides)
   overrides = absolute_output_directory(path, args.overrides)
-  config_class = maxtext_plugin.install()
-  check_keys(keys, config_class.model_fields)
   from absl import app  # noqa: PLC0415
   from maxtext.trainers.pre_train import train  # noqa: PLC0415
 
