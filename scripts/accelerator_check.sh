@@ -7,8 +7,9 @@
 # PYTHONPATH, prints the Python and the devices, then runs
 # `python -m maxtext_netdata.bench.accelerator_check` (its --help lists the options), its
 # output also in DIR/check.log. DIR defaults to $OUT when set, else the run folder
-# (runs/accelerator_check). --dry-run: the same check on the CPU with a tiny model, about a
-# minute. Python: $PYTHON, else .venv/bin/python, else python3.
+# (runs/accelerator_check). --dry-run: the same check on the CPU with a tiny model, about two
+# minutes on two cores (15 short trainings, each compiled). Python: $PYTHON, else
+# .venv/bin/python, else python3.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -141,7 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--dry-run",
     action="store_true",
-    help="the same check on the CPU with a tiny model and tiny sizes (about a minute)",
+    help="the same check on the CPU with a tiny model and tiny sizes (~2 minutes on 2 cores)",
   )
   parser.add_argument(
     "--work",
