@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import importlib.metadata
 import os
 import signal
 import sys
@@ -26,6 +27,7 @@ from typing import NamedTuple
 from maxtext_netdata.cli import huge_pages, signals
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.errors import DataError, UserError
+from maxtext_netdata.format import tokens
 from maxtext_netdata.trainer import xla_flags
 
 # Causes of a failed write, reported as one line: a full disk or quota, a file over the size
@@ -87,11 +89,21 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
   getattr(importlib.import_module(module_name), function)(parser)
 
 
+def version() -> str:
+  """`maxtext-netdata 0.1.0 (tokens netdata-v1)`: the installed package and its token format."""
+  try:
+    installed = importlib.metadata.version("maxtext_netdata")
+  except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
+    installed = "(not installed)"
+  return f"maxtext-netdata {installed} (tokens {tokens.FORMAT})"
+
+
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     prog="maxtext-netdata",
     description="Input pipeline, trainer and benchmark for network-measurement language models.",
   )
+  parser.add_argument("--version", action="version", version=version())
   sub = parser.add_subparsers(dest="command", metavar="COMMAND")
   sub.required = True
   for name, command in COMMANDS.items():

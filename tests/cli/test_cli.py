@@ -1,6 +1,7 @@
 """The `maxtext-netdata` dispatcher: overrides around options, one-line errors, `--help`
 that answers before the commands' heavy imports."""
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -27,6 +28,14 @@ def test_commands_without_overrides_reject_key_value(capsys, tmp_path):
   with pytest.raises(SystemExit):
     cli.main(["generate", "--out", str(tmp_path), "rows=5"])
   assert "unrecognized arguments: rows=5" in capsys.readouterr().err
+
+
+def test_version_names_the_installed_package_and_its_token_format(capsys):
+  with pytest.raises(SystemExit) as ended:
+    cli.main(["--version"])
+  assert ended.value.code == 0
+  installed = importlib.metadata.version("maxtext_netdata")
+  assert capsys.readouterr().out == f"maxtext-netdata {installed} (tokens netdata-v1)\n"
 
 
 def test_trainer_module_entry_point_prints_the_train_help(capsys):
