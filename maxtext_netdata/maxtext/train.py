@@ -64,9 +64,10 @@ def install_checking(overrides: list[str]) -> None:
 def check_keys(keys: list[str], fields: dict) -> None:
   """Raises for the first override key MaxText's config would refuse.
 
-  Checked before the trainer's import (~13 s), after which MaxText's own check ends the same
-  way, having logged every one of its ~1000 keys. As lenient as that check: a key of a nested
-  model (`lora`, `dpo`) is known too, and a dotted key (`a.b=1`) is its first part.
+  Checked before the trainer module is imported (about 6 s of MaxText's 13-14 s on two quiet
+  cores; `install()` has imported the rest), after which MaxText's own check ends the same
+  way, having logged every one of its ~1000 keys (23 KB). As lenient as that check: a key of
+  a nested model (`lora`, `dpo`) is known too, and a dotted key (`a.b=1`) is its first part.
   """
   known = set(_field_names(fields))
   for key in keys:
