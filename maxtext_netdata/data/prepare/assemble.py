@@ -103,7 +103,7 @@ class Assembler:
     self.row_names = [n for n in store.ROW_ARRAYS if hashed or n != "hashed_order"]
     self.writers = {}
     for name in split_names(split):
-      self.writers[name] = _Writer(os.path.join(out, name), totals[name], self.row_names)
+      self.writers[name] = SplitWriter(os.path.join(out, name), totals[name], self.row_names)
 
   def __enter__(self):
     return self
@@ -163,7 +163,7 @@ def time_cutoff(pieces: list[str], fraction: float) -> int:
   return int(values[np.searchsorted(np.cumsum(counts), index, side="right")])
 
 
-class _Writer:
+class SplitWriter:
   """One split folder: row arrays written in place into preallocated .npy files, probes
   gathered.
 

@@ -58,12 +58,12 @@ def spill(config, options, files, metadata, *, buckets, folder, progress, on_chu
 
 
 def build(config, options, files, metadata, *, buckets, work, spill_dir, split, meta,
-                 progress, label) -> tuple:  # fmt: skip
+                 progress, label, allow_empty=False) -> tuple:  # fmt: skip
   """The built-in runner for the probe split and eval files: each sorted bucket goes straight
   into the splits, no piece written and read back. The splits' sizes, needed up front, are
   counted while partitioning (a probe's split follows from its hash alone).
 
-  Returns (counts, read report, probes).
+  Returns (counts, read report, probes). No valid row is an error unless `allow_empty`.
   """
   fraction = config.network_test_fraction
   names = assemble.split_names(split)
@@ -82,7 +82,7 @@ def build(config, options, files, metadata, *, buckets, work, spill_dir, split, 
     config, options, files, metadata, buckets=buckets, folder=spill_dir, progress=progress,
     on_chunk=count,
   )  # fmt: skip
-  if not sum(totals.values()):
+  if not sum(totals.values()) and not allow_empty:
     shutil.rmtree(spill_dir, ignore_errors=True)
     raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
   probes = 0

@@ -10,7 +10,9 @@ files, sorts one bucket at a time into a piece and assembles the pieces into
 
 The fingerprint covers each input file's URI, size and modification time, the store format
 and the config keys that change the store's content; a complete store with the same
-fingerprint is opened instead of rebuilt. One process builds a store at a time (a lock file
+fingerprint is opened instead of rebuilt; a complete store of some of the train files (and
+the same content keys) is appended to, reading only the other files (`data.prepare.append`:
+the same bytes as a full build). One process builds a store at a time (a lock file
 beside it; the others wait, then open it). A store is built in a temporary directory and
 renamed into place once complete, with the summary (`meta.json`) written last: a prepare
 killed at any point leaves nothing that passes for a store, and the next one removes its
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import glob
 import hashlib
 import json
@@ -37,7 +40,7 @@ import psutil
 
 from maxtext_netdata.config import load as load_config
 from maxtext_netdata.data import remote
-from maxtext_netdata.data.prepare import assemble, local_runner, partition
+from maxtext_netdata.data.prepare import append, assemble, local_runner, partition
 from maxtext_netdata.data.raw import reader
 from maxtext_netdata.data.store import remote_copy, store
 from maxtext_netdata.errors import ConfigError, DataError
@@ -57,19 +60,36 @@ class PreparedSplits:
 _CONTENT_KEYS = ("network_split", "network_test_fraction", "network_skip_bad_rows")
 
 
-def fingerprint(
-  config, train_files: list[remote.FileEntry], eval_files: list[remote.FileEntry]
-) -> str:
-  """Hex digest naming the store that `config` and these files produce."""
-  description = {
+def _digest(description: dict) -> str:
+  return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _description(config, eval_files: list[remote.FileEntry]) -> dict:
+  """What decides a store's content besides its train files."""
+  return {
     "format_version": store.FORMAT_VERSION,
-    "train_files": [dataclasses.astuple(f) for f in train_files],
     "eval_files": [dataclasses.astuple(f) for f in eval_files],
     "hashed_order": local_runner.uses_hashed_order(config),
     **{key: config[key] for key in _CONTENT_KEYS},
   }
-  text = json.dumps(description, sort_keys=True)
-  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint(
+  config, train_files: list[remote.FileEntry], eval_files: list[remote.FileEntry]
+) -> str:
+  """Hex digest naming the store that `config` and these files produce."""
+  return _digest(
+    {
+      **_description(config, eval_files),
+      "train_files": [dataclasses.astuple(f) for f in train_files],
+    }
+  )
+
+
+def content_key(config, eval_files: list[remote.FileEntry]) -> str:
+  """Hex digest of everything in the fingerprint but the train files: stores of one content
+  key differ only in their train files, so one can be appended to (`data.prepare.append`)."""
+  return _digest(_description(config, eval_files))
 
 
 def ensure_prepared(config, *, progress: bool = True) -> PreparedSplits:
@@ -113,7 +133,11 @@ def prepare(config, *, progress: bool = True, force: bool = False, runner=None) 
       if shared_root and not force and remote_copy.download(shared_root, tmp, options):
         copied_from = shared_root
       else:
-        summary = _build(config, options, train_files, eval_files, tmp, fp, progress, runner)
+        base = None
+        if not force and append.appendable(config):
+          base = append.find_base(local_dir, content_key(config, eval_files), train_files)
+        build = _build if base is None else functools.partial(_append, base=base)
+        summary = build(config, options, train_files, eval_files, tmp, fp, progress, runner)
         store.write_json(os.path.join(tmp, store.META_FILE), summary)
         if shared_root:
           remote_copy.upload(tmp, shared_root, options)
@@ -184,8 +208,13 @@ def _open_complete(root: str) -> PreparedSplits | None:
   )
 
 
-def _build_group(config, options, files, *, work, name, split, meta, progress, runner) -> tuple:
-  """Prepare one set of files into split folder(s) under `work`: (counts, report, probes)."""
+def _build_group(
+  config, options, files, *, work, name, split, meta, progress, runner, allow_empty=False
+) -> tuple:
+  """Prepare one set of files into split folder(s) under `work`: (counts, report, probes).
+
+  Files without a valid row are an error unless `allow_empty` (files appended to a store).
+  """
   metadata = reader.check_files(files, options)
   total = sum(m.num_rows for m in metadata)
   buckets = partition.num_buckets(total, config.network_prepare_memory_mb)
@@ -194,13 +223,13 @@ def _build_group(config, options, files, *, work, name, split, meta, progress, r
   if runner is None and split != "time":
     return local_runner.build(
       config, options, files, metadata, buckets=buckets, work=work, spill_dir=pieces_dir + "-spill",
-      split=split, meta=meta, progress=progress, label=label,
+      split=split, meta=meta, progress=progress, label=label, allow_empty=allow_empty,
     )  # fmt: skip
   build_pieces = local_runner.pieces if runner is None else runner
   pieces, report = build_pieces(
     config, options, files, metadata, buckets=buckets, pieces_dir=pieces_dir, progress=progress
   )
-  if not pieces:
+  if not pieces and not allow_empty:
     raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
   probes = sum(store.PreparedStore(path).num_probes for path in pieces)
   counts = assemble.assemble(pieces, work, split, config.network_test_fraction, meta)
@@ -244,6 +273,59 @@ def _build(config, options, train_files, eval_files, tmp, fp, progress, runner) 
   )
 
 
+def _append(config, options, train_files, eval_files, tmp, fp, progress, runner, *, base) -> dict:
+  """`_build`'s store from `base` (a store of some of the train files) and the other files:
+  those prepared alone, then both merged split by split (`data.prepare.append`)."""
+  start, cpu_start = time.perf_counter(), _cpu_seconds()
+  rss_start = psutil.Process().memory_info().rss
+  if progress:
+    print(
+      f"prepare: appending {len(base.new_files)} new file(s) to store {base.root}",
+      file=sys.stderr,
+    )
+  delta = os.path.join(tmp, ".delta")
+  meta = {"fingerprint": fp, "source_files": [f.uri for f in train_files]}
+  new_counts, report, _ = _build_group(
+    config, options, base.new_files, work=delta, name="train", split=config.network_split,
+    meta=meta, progress=progress, runner=runner, allow_empty=True,
+  )  # fmt: skip
+  merge_start = time.perf_counter()
+  names = assemble.split_names(config.network_split)
+  rows = sum(base.summary["splits"][n]["rows"] + new_counts[n]["rows"] for n in names)
+  batch_rows = partition.bucket_rows(config.network_prepare_memory_mb)
+  counts = {}
+  with append.merge_bar(rows, progress) as bar:
+    for name in names:
+      counts[name] = append.merge_split(
+        os.path.join(base.root, name), os.path.join(delta, name), os.path.join(tmp, name),
+        {**meta, "split": name}, batch_rows=batch_rows, bar=bar,
+      )  # fmt: skip
+  shutil.rmtree(delta)
+  if eval_files:
+    eval_meta = {"fingerprint": fp, "source_files": [f.uri for f in eval_files], "split": "eval"}
+    counts["eval"] = append.link_split(
+      os.path.join(base.root, "eval"), os.path.join(tmp, "eval"), eval_meta
+    )
+  probes = sum(counts[n]["probes"] for n in names)
+  summary = _summary(
+    config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start
+  )
+  # The counts are the whole store's, its speed this run's: new rows read, and the merge.
+  old = base.summary
+  summary["rows_read"] += old["rows_read"]
+  summary["skipped_rows"] += old["skipped_rows"]
+  for reason, n in old["skipped"].items():
+    summary["skipped"][reason] = summary["skipped"].get(reason, 0) + n
+  summary["appended"] = {
+    "base": base.root,
+    "base_rows": old["rows"],
+    "new_files": len(base.new_files),
+    "new_rows_read": report.rows_read,
+    "merge_seconds": round(time.perf_counter() - merge_start, 3),
+  }
+  return summary
+
+
 def _summary(
   config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start
 ) -> dict:
@@ -255,7 +337,9 @@ def _summary(
   return {
     "format_version": store.FORMAT_VERSION,
     "fingerprint": fp,
+    "content_key": content_key(config, eval_files),
     "train_files": [f.uri for f in train_files],
+    "train_file_entries": append.entries(train_files),
     "eval_files": [f.uri for f in eval_files],
     "network_split": config.network_split,
     "network_test_fraction": config.network_test_fraction,
@@ -308,12 +392,19 @@ def format_summary(summary: dict) -> str:
   for name in ("train", "test", "eval"):
     if name in splits:
       lines.append(f"{name:<9} {splits[name]['rows']:,} rows, {splits[name]['probes']:,} probes")
+  appended = summary.get("appended")
+  if appended:
+    lines.append(
+      f"appended  {appended['new_files']:,} new file(s), {appended['new_rows_read']:,} rows read,"
+      f" to {appended['base']} ({appended['base_rows']:,} rows); merged in"
+      f" {appended['merge_seconds']:.2f} s"
+    )
   if summary["skipped"]:
     reasons = ", ".join(f"{reason}: {n:,}" for reason, n in sorted(summary["skipped"].items()))
     lines.append(f"skipped   {summary['skipped_rows']:,} rows ({reasons})")
   lines.append(
     f"speed     {summary['seconds']:.2f} s, {summary['rows_per_s']:,} rows/s, "
-    f"{summary['rows_per_cpu_s']:,} rows per CPU-second"
+    f"{summary['rows_per_cpu_s']:,} rows per CPU-second" + (" (rows read)" if appended else "")
   )
   lines.append(
     f"memory    peak RSS {summary['peak_rss_bytes'] / 2**20:,.0f} MiB, "

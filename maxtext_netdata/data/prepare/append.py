@@ -1,0 +1,284 @@
+"""Appending new raw files to a prepared store: only the new files are read and sorted.
+
+RIPE's dumps arrive a day at a time, and a month of them is ~35 billion rows: preparing the
+whole month again for each new day would read every earlier day again. When a complete
+store in the same folder was prepared from some of the current input files (each the same
+URI, size and modification time) with the same content keys (`content_key`: the eval files,
+the split, the test fraction, bad-row handling, hashed order, the format), `prepare` takes it
+as the base: the new files are prepared on their own into a delta store in the build folder
+(validated, partitioned and sorted as any build), and base and delta are merged split by
+split (`merge_split`). The eval split, prepared from the eval files, which are the same, is
+linked from the base.
+
+The result is the store a full build of all the files gives, byte for byte: a store's content
+depends only on the set of its rows (docs/prepare.md, "The store"), and the merge puts them
+in the same order: probes by (hash, version, address), a probe's rows by time, ties by
+content, each probe's rows sorted again by `partition.order_bucket` (base rows first: when
+the new rows are later, as a new day's are, that is one pass over already ordered rows).
+Memory is bounded as in a build: the union of probes is cut into batches of at most a
+bucket's rows (plus one probe), each read from the two stores with plain reads (no memory
+map: mapped pages would count in this process's memory) and written through a memory map
+of the new split's files (`assemble.SplitWriter`).
+
+Only a split that follows from each probe alone can be appended: `network_split: probe`, or
+no test split at all (eval files given, or `network_test_fraction: 0`). With
+`network_split: time` the cutoff moves with every new row, so the store is built in full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import json
+import os
+import shutil
+
+import numpy as np
+import tqdm
+
+from maxtext_netdata.data import remote
+from maxtext_netdata.data.prepare import assemble, partition, probes
+from maxtext_netdata.data.raw import probe_hash
+from maxtext_netdata.data.store import store
+from maxtext_netdata.errors import WritesTo
+
+
+@dataclasses.dataclass
+class Base:
+  """A complete store whose train files are a part of the current ones."""
+
+  root: str
+  summary: dict
+  new_files: list[remote.FileEntry]
+
+
+def entries(files: list[remote.FileEntry]) -> list[list]:
+  """The files as JSON-able [uri, size, mtime_ns] lists, as a store's summary keeps them."""
+  return [list(dataclasses.astuple(f)) for f in files]
+
+
+def appendable(config) -> bool:
+  """Whether each probe's split follows from the probe alone (no time cutoff to move)."""
+  return config.network_split == "probe" or config.network_test_fraction == 0
+
+
+def find_base(
+  prepared_dir: str, content_key: str, train_files: list[remote.FileEntry]
+) -> Base | None:
+  """The complete store in `prepared_dir` of `content_key` with the most of `train_files`
+  (and no other file), or None. Stores written before summaries kept their files' sizes and
+  times are never a base."""
+  current = {tuple(e) for e in entries(train_files)}
+  best = None
+  for meta_path in sorted(glob.glob(os.path.join(glob.escape(prepared_dir), "*", store.META_FILE))):
+    try:
+      with open(meta_path, encoding="utf-8") as f:
+        summary = json.load(f)
+    except (OSError, json.JSONDecodeError):
+      continue
+    if summary.get("format_version") != store.FORMAT_VERSION:
+      continue
+    if summary.get("content_key") != content_key or "train_file_entries" not in summary:
+      continue
+    held = {tuple(e) for e in summary["train_file_entries"]}
+    if held < current and (best is None or len(held) > len(best[1])):
+      best = (os.path.dirname(meta_path), held, summary)
+  if best is None:
+    return None
+  root, held, summary = best
+  new = [f for f in train_files if tuple(dataclasses.astuple(f)) not in held]
+  return Base(root=root, summary=summary, new_files=new)
+
+
+def merge_split(base: str, delta: str, out: str, meta: dict, *, batch_rows: int, bar=None) -> dict:
+  """Write split folder `out` holding the rows of split folders `base` and `delta`, in store
+  order; its counts ({"rows", "probes", "failed"}). Either folder may be absent (no rows)."""
+  sources = [_Source(path) for path in (base, delta) if os.path.isdir(path)]
+  try:
+    hashed = any(s.hashed for s in sources)
+    names = [n for n in store.ROW_ARRAYS if hashed or n != "hashed_order"]
+    union = _Union(sources)
+    writer = assemble.SplitWriter(out, int(union.rows.sum()), names)
+    try:
+      for lo, hi in union.batches(batch_rows):
+        if union.apart[lo:hi].all():
+          segments = union.segments(lo, hi)
+          writer.add_probes(union.rows[lo:hi].sum(axis=1), union.src[lo:hi], union.version[lo:hi])
+          for name in names:
+            fill = functools.partial(_copy_segments, sources, segments, name)
+            writer.add_rows(name, int(union.rows[lo:hi].sum()), fill)
+        else:  # some probe's new rows fall between its old ones: sorted again, as a bucket
+          merged = partition.order_bucket([c for c in union.chunks(lo, hi, names) if len(c)])
+          writer.add_probes(np.diff(merged.probe_offsets), merged.probe_src, merged.probe_version)
+          for name in names:
+            fill = functools.partial(merged.column_into, name, None)
+            writer.add_rows(name, merged.num_rows, fill)
+          del merged
+        if bar is not None:
+          bar.update(int(union.rows[lo:hi].sum()))
+    finally:
+      writer.close()
+    return writer.finish(meta, hashed)
+  finally:
+    for source in sources:
+      source.close()
+
+
+def link_split(base: str, out: str, meta: dict) -> dict:
+  """Split folder `out` as a copy of `base` (its arrays hard-linked where the filesystem
+  allows, copied where not) with `meta` in its meta.json; its counts."""
+  os.makedirs(out, exist_ok=True)
+  for path in sorted(glob.glob(os.path.join(glob.escape(base), "*.npy"))):
+    target = os.path.join(out, os.path.basename(path))
+    try:
+      os.link(path, target)  # the arrays are never written again: sharing them is safe
+    except OSError:
+      with WritesTo(target):
+        shutil.copyfile(path, target)
+  with open(os.path.join(base, store.META_FILE), encoding="utf-8") as f:
+    base_meta = json.load(f)
+  keep = ("format_version", "num_rows", "num_probes", "num_failed", "hashed_order")
+  store.write_json(os.path.join(out, store.META_FILE), {**meta, **{k: base_meta[k] for k in keep}})
+  return {
+    "rows": base_meta["num_rows"],
+    "probes": base_meta["num_probes"],
+    "failed": base_meta["num_failed"],
+  }
+
+
+def merge_bar(rows: int, progress: bool):
+  return tqdm.tqdm(
+    total=rows, desc="prepare: merge", unit="row", unit_scale=True, disable=not progress
+  )
+
+
+class _Source:
+  """One split folder being merged: its probes in memory, its rows read as needed.
+
+  The row files are opened once, so a store removed meanwhile (a forced rebuild of the
+  base) is still read whole: its files live until closed.
+  """
+
+  def __init__(self, path: str):
+    split = store.PreparedStore(path)
+    self.path, self.num_rows = path, split.num_rows
+    self.hashed = bool(split.meta.get("hashed_order"))
+    self.offsets = np.array(split.probe_offsets)
+    self.keys = probe_hash.probe_keys(np.array(split.probe_version), np.array(split.probe_src))
+    self.hashes = probes.probe_hashes(self.keys)
+    sizes = np.diff(self.offsets)
+    assert (sizes > 0).all(), path
+    # Each probe's first and last second: a few pages of the map, unmapped at once.
+    self.first = np.array(split.seconds[self.offsets[:-1]])
+    self.last = np.array(split.seconds[self.offsets[1:] - 1])
+    self.files = {}
+    for name in store.ROW_ARRAYS:
+      array = getattr(split, name)  # checked for dtype and shape
+      if array is not None:
+        self.files[name] = (open(array.filename, "rb"), array.offset)  # noqa: SIM115 (closed in close)
+    del split
+
+  def read_into(self, name: str, start: int, out: np.ndarray) -> None:
+    """Rows [start, start + len(out)) of column `name` into `out`."""
+    f, offset = self.files[name]
+    f.seek(offset + start * (out.nbytes // max(len(out), 1)))
+    if f.readinto(memoryview(out).cast("B")) != out.nbytes:
+      raise OSError(f"{f.name}: shorter than its header says")
+
+  def chunk(self, lo: int, hi: int, names: list[str]) -> partition.Chunk:
+    """Probes [lo, hi) with their rows, as a `partition.Chunk`."""
+    start, stop = int(self.offsets[lo]), int(self.offsets[hi])
+    columns = {}
+    for name in names:
+      dtype, tail = store.ROW_ARRAYS[name]
+      columns[name] = np.empty((stop - start, *tail), dtype)
+      self.read_into(name, start, columns[name])
+    probe = np.repeat(np.arange(hi - lo, dtype=np.int32), np.diff(self.offsets[lo : hi + 1]))
+    return partition.Chunk(self.keys[lo:hi], self.hashes[lo:hi], probe, columns)
+
+  def close(self) -> None:
+    for f, _ in self.files.values():
+      f.close()
+
+
+class _Union:
+  """The probes of all sources in store order (`partition.order_bucket`'s: hash, version,
+  address), each once: `index` [G, S] is its number in each source (-1: not there), `rows`
+  [G, S] its rows there, and `apart` [G] whether its rows of different sources do not
+  interleave in time (then each source's rows are copied whole, the earliest first)."""
+
+  def __init__(self, sources: list[_Source]):
+    self.sources = sources
+    keys = np.concatenate([s.keys for s in sources])
+    hashes = np.concatenate([s.hashes for s in sources])
+    which = np.concatenate([np.full(len(s.keys), i) for i, s in enumerate(sources)])
+    local = np.concatenate([np.arange(len(s.keys)) for s in sources])
+    order = np.lexsort((*keys.T[::-1], hashes))
+    sorted_keys = keys[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (sorted_keys[1:] != sorted_keys[:-1]).any(axis=1)
+    group = np.cumsum(new) - 1
+    groups = int(new.sum())
+    self.version = np.ascontiguousarray(sorted_keys[new, 0])
+    self.src = np.ascontiguousarray(sorted_keys[new, 1:])
+    self.index = np.full((groups, len(sources)), -1, np.int64)
+    self.index[group, which[order]] = local[order]
+    self.rows = np.zeros((groups, len(sources)), np.int64)
+    first = np.full((groups, len(sources)), np.iinfo(np.int64).max)
+    last = np.full((groups, len(sources)), np.iinfo(np.int64).min)
+    for i, s in enumerate(sources):
+      there = self.index[:, i] >= 0
+      probe = self.index[there, i]
+      self.rows[there, i] = np.diff(s.offsets)[probe]
+      first[there, i], last[there, i] = s.first[probe], s.last[probe]
+    # Sources by their first second: apart when each one's last comes before the next's first.
+    self.by_time = np.argsort(first, axis=1, kind="stable")
+    first_sorted = np.take_along_axis(first, self.by_time, axis=1)
+    last_sorted = np.take_along_axis(last, self.by_time, axis=1)
+    present = np.take_along_axis(self.index, self.by_time, axis=1) >= 0
+    ok = ~present[:, 1:] | (last_sorted[:, :-1] < first_sorted[:, 1:])
+    self.apart = ok.all(axis=1)
+
+  def batches(self, batch_rows: int):
+    """(lo, hi) group ranges of about `batch_rows` rows each (a probe is never cut)."""
+    total = self.rows.sum(axis=1)
+    before = np.cumsum(total) - total
+    batch = before // batch_rows
+    cuts = np.flatnonzero(np.diff(batch)) + 1
+    bounds = [0, *cuts.tolist(), len(total)]
+    return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True) if hi > lo]
+
+  def segments(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """(source, first row, rows) runs that make up groups [lo, hi) in order, where `apart`:
+    each group's sources by time; neighbouring runs of one source joined."""
+    out = []
+    for g in range(lo, hi):
+      for i in self.by_time[g]:
+        p = self.index[g, i]
+        if p < 0:
+          continue
+        start, n = int(self.sources[i].offsets[p]), int(self.rows[g, i])
+        if out and out[-1][0] == i and out[-1][1] + out[-1][2] == start:
+          out[-1] = (i, out[-1][1], out[-1][2] + n)
+        else:
+          out.append((int(i), start, n))
+    return out
+
+  def chunks(self, lo: int, hi: int, names: list[str]) -> list[partition.Chunk]:
+    """Groups [lo, hi) as one `partition.Chunk` per source (its probes there are consecutive)."""
+    out = []
+    for i, s in enumerate(self.sources):
+      there = self.index[lo:hi, i]
+      there = there[there >= 0]
+      first, stop = (int(there[0]), int(there[-1]) + 1) if len(there) else (0, 0)
+      out.append(s.chunk(first, stop, names))
+    return out
+
+
+def _copy_segments(sources, segments, name: str, out: np.ndarray) -> None:
+  at = 0
+  for i, start, n in segments:
+    sources[i].read_into(name, start, out[at : at + n])
+    at += n
+  assert at == len(out), (at, len(out))
