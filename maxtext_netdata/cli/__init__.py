@@ -54,7 +54,7 @@ COMMANDS = {
   ),
   "prepare": Command(
     "maxtext_netdata.data.prepare.prepare",
-    "raw parquet -> the prepared store (cached)",
+    "raw parquet -> the prepared store (cached; new files appended)",
     "maxtext_netdata.data.prepare.arguments:prepare",
   ),
   "tokenize": Command(

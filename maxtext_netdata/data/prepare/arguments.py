@@ -10,7 +10,11 @@ TIMESTAMPS = ("abs", "delta", "none")
 def prepare(parser) -> None:
   parser.add_argument("config", help="YAML config (e.g. configs/base.yml)")
   parser.add_argument("overrides", nargs="*", help="key=value config overrides")
-  parser.add_argument("--force", action="store_true", help="rebuild even if a current store exists")
+  parser.add_argument(
+    "--force",
+    action="store_true",
+    help="build in full even if a current store exists, or one to append the new files to",
+  )
   parser.add_argument(
     "--runner",
     choices=("builtin", "beam"),

@@ -1,0 +1,110 @@
+"""Benchmark of appending new files to a prepared store, against a full build of all of them.
+
+    python benchmarks/bench_append.py [--rows 8000000] [--days 8] [--data DIR] [--keep DIR]
+
+Generates `--rows` raw rows as `--days` time-ordered files (reused from `--data` when already
+there), prepares all but the last, then, each in a fresh process (so that its peak RSS is its
+own): the last day appended to that store, and all days prepared in full. Prints both
+commands' wall time and peak RSS, the append's split into reading the new day and merging,
+the merge's speed in rows/s and MB/s of store written, and, as the floor for a merge that
+writes the whole store again, a plain copy of the base store's files in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+_CHILD = """
+import json, sys
+from maxtext_netdata import config
+from maxtext_netdata.data.prepare import prepare
+files, prepared = sys.argv[1].split(","), sys.argv[2]
+cfg = config.load(None, [f"grain_train_files={','.join(files)}", f"network_prepared_dir={prepared}"])
+print(json.dumps(prepare.prepare(cfg, progress=False).summary))
+"""
+
+
+def _prepare(files: list[str], prepared: str) -> tuple[dict, float]:
+  start = time.perf_counter()
+  run = subprocess.run(
+    [sys.executable, "-c", _CHILD, ",".join(files), prepared],
+    capture_output=True,
+    text=True,
+    check=True,
+  )
+  return json.loads(run.stdout.splitlines()[-1]), time.perf_counter() - start
+
+
+def _store_bytes(root: str) -> int:
+  return sum(
+    os.path.getsize(os.path.join(folder, name))
+    for folder, _, names in os.walk(root)
+    for name in names
+  )
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--rows", type=int, default=8_000_000)
+  parser.add_argument("--days", type=int, default=8)
+  parser.add_argument("--data", default="", help="raw files' folder (generated when empty)")
+  parser.add_argument("--keep", default="", help="stores' folder (a temporary one by default)")
+  args = parser.parse_args()
+  from maxtext_netdata.data.synthetic.generate import generate  # noqa: PLC0415
+
+  work = args.keep or tempfile.mkdtemp(prefix="bench_append_")
+  data = args.data or os.path.join(work, "raw")
+  marker = os.path.join(data, ".complete")
+  if os.path.exists(marker):
+    files = sorted(os.path.join(data, f) for f in os.listdir(data) if f.endswith(".parquet"))
+  else:
+    files = generate(data, rows=args.rows, shards=args.days, seed=0, progress=True)
+  try:
+    base, _ = _prepare(files[:-1], os.path.join(work, "inc"))
+    appended, append_s = _prepare(files, os.path.join(work, "inc"))
+    full, full_s = _prepare(files, os.path.join(work, "full"))
+    copy_dir = os.path.join(work, "copy")
+    start = time.perf_counter()
+    shutil.copytree(base["path"], copy_dir)
+    copy_s = time.perf_counter() - start
+    info = appended["appended"]
+    store_mb = _store_bytes(appended["path"]) / 1e6
+    base_mb = _store_bytes(base["path"]) / 1e6
+    mib = 2**20
+    print(
+      f"rows            {full['rows']:,} in {len(files)} files, the last {info['new_rows_read']:,}"
+    )
+    print(
+      f"full build      {full_s:.2f} s ({full['seconds']:.2f} s in prepare),"
+      f" peak RSS {full['peak_rss_bytes'] / mib:,.0f} MiB"
+    )
+    print(
+      f"append          {append_s:.2f} s ({appended['seconds']:.2f} s in prepare: the new day"
+      f" {appended['seconds'] - info['merge_seconds']:.2f} s, the merge"
+      f" {info['merge_seconds']:.2f} s), peak RSS {appended['peak_rss_bytes'] / mib:,.0f} MiB"
+    )
+    merge_s = max(info["merge_seconds"], 1e-9)
+    print(
+      f"merge           {full['rows'] / merge_s:,.0f} rows/s, {store_mb / merge_s:,.0f} MB/s"
+      f" of a {store_mb:,.0f} MB store"
+    )
+    print(
+      f"copy of base    {base_mb / max(copy_s, 1e-9):,.0f} MB/s ({base_mb:,.0f} MB in {copy_s:.2f} s)"
+    )
+    print(f"full / append   {full['seconds'] / appended['seconds']:.2f}x (time in prepare)")
+    same = appended["fingerprint"] == full["fingerprint"]
+    print(f"same store      {same} (fingerprint {full['fingerprint']})")
+  finally:
+    if not args.keep:
+      shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,176 @@
+"""prepare with new files beside those of an existing store: only the new ones are read, and
+the store is the one a full build gives, byte for byte (docs/prepare.md, "New files: append")."""
+
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from maxtext_netdata import cli
+from maxtext_netdata.data.prepare import prepare
+from maxtext_netdata.data.synthetic.generate import generate
+from maxtext_netdata.errors import DataError
+from tests.data.prepare.test_prepare import good_table, make_config, with_column
+
+# 256 MiB: the smallest budget, 65,536-row batches, so each merge here takes several.
+SMALL = "network_prepare_memory_mb=256"
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory):
+  """Four time-ordered files ("days") of 200,000 rows in all."""
+  return generate(
+    str(tmp_path_factory.mktemp("days")), rows=200_000, shards=4, seed=3, progress=False
+  )
+
+
+def tree(root: str) -> dict:
+  """Every file of a store but its summary (speed, memory, paths), path → bytes."""
+  out = {}
+  for folder, _, names in os.walk(root):
+    for name in names:
+      path = os.path.join(folder, name)
+      if path != os.path.join(root, "meta.json"):
+        with open(path, "rb") as f:
+          out[os.path.relpath(path, root)] = f.read()
+  return out
+
+
+COUNTS = ("fingerprint", "rows", "rows_read", "probes", "splits", "skipped", "skipped_rows")
+
+
+def assert_same_store(appended, full):
+  assert appended.summary["fingerprint"] == full.summary["fingerprint"]
+  a, b = tree(appended.summary["path"]), tree(full.summary["path"])
+  assert sorted(a) == sorted(b)
+  different = [name for name in sorted(a) if a[name] != b[name]]
+  assert not different, different
+  for key in COUNTS:
+    assert appended.summary[key] == full.summary[key], key
+
+
+CASES = {
+  # base files, new files: the new rows of each probe after, before and between its old ones
+  "a new day": ([0, 1, 2], [3], []),
+  "an earlier day": ([1, 2, 3], [0], []),
+  "days between": ([0, 2], [1, 3], []),
+  # With eval files no train row is held out, so even the time split can be appended to; its
+  # new files go through the built-in runner's pieces, as Beam's do.
+  "hashed order, eval files, time split": (
+    [0, 1],
+    [2],
+    ["network_field_order=hashed", "network_split=time"],
+  ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_new_files_are_appended_into_the_store_a_full_build_gives(tmp_path, days, case):
+  old, new, overrides = CASES[case]
+  eval_files = []
+  if "eval" in case:
+    eval_files, overrides = [days[3]], [*overrides, f"grain_eval_files={days[3]}"]
+  before = [days[i] for i in old]
+  after = sorted(before + [days[i] for i in new])
+  base = prepare.prepare(make_config(tmp_path / "inc", before, SMALL, *overrides), progress=False)
+  appended = prepare.prepare(
+    make_config(tmp_path / "inc", after, SMALL, *overrides), progress=False
+  )
+  full = prepare.prepare(make_config(tmp_path / "full", after, SMALL, *overrides), progress=False)
+  assert "appended" not in full.summary
+  info = appended.summary["appended"]
+  assert info["base"] == base.summary["path"] and info["new_files"] == len(new)
+  assert info["new_rows_read"] == sum(pq.read_metadata(days[i]).num_rows for i in new)
+  assert_same_store(appended, full)
+  if eval_files:
+    assert appended.eval.num_rows == pq.read_metadata(days[3]).num_rows
+  assert "appended  " in prepare.format_summary(appended.summary)
+  # The next day is appended to the appended store, the one holding the most of the files.
+  if case == "a new day":
+    shutil.rmtree(full.summary["path"])
+    again = prepare.prepare(make_config(tmp_path / "inc", after, SMALL), progress=False)
+    assert again.cached
+    prepare.prepare(make_config(tmp_path / "inc", days[:2], SMALL), progress=False)
+    extra = str(tmp_path / "day5.parquet")
+    table = pq.read_table(days[3])
+    shifted = table.set_column(
+      table.schema.get_field_index("event_time"),
+      "event_time",
+      pa.array(
+        table["event_time"].to_numpy().astype("datetime64[s]") + np.timedelta64(86_400, "s")
+      ),
+    )
+    pq.write_table(shifted, extra)
+    chained = prepare.prepare(make_config(tmp_path / "inc", [*after, extra], SMALL), progress=False)
+    assert chained.summary["appended"]["base"] == appended.summary["path"]
+    full = prepare.prepare(make_config(tmp_path / "full", [*after, extra], SMALL), progress=False)
+    assert_same_store(chained, full)
+
+
+def copies(tmp_path, files):
+  out = []
+  for path in files:
+    out.append(str(tmp_path / os.path.basename(path)))
+    shutil.copyfile(path, out[-1])
+  return out
+
+
+def test_a_store_is_built_in_full_when_it_cannot_be_appended_to(tmp_path, days):
+  files = copies(tmp_path, days)
+  prep = tmp_path / "prep"
+
+  def built(files, *overrides, force=False):
+    cfg = make_config(prep, files, *overrides)
+    return "appended" not in prepare.prepare(cfg, progress=False, force=force).summary
+
+  # The time split's cutoff moves with every new row: every row of the test split may change.
+  time_split = ("network_split=time", "network_test_fraction=0.2")
+  assert built(files[:3], *time_split) and built(files, *time_split)
+  # Another test fraction, or bad rows dropped instead of refused: another content.
+  assert built(files[:3]) and built(files, "network_test_fraction=0.25")
+  assert built(files, "network_skip_bad_rows=true")
+  # An old file rewritten: the store no longer holds its rows.
+  pq.write_table(pq.read_table(files[0]).slice(0, 1000), files[0])
+  assert built(files)
+  # --force: a full build, though the store of the first three files is now a base.
+  assert built(files[:3])
+  assert built(files, force=True)
+
+
+def test_a_bad_new_file_is_an_error_and_the_store_stays(tmp_path, days):
+  prep = tmp_path / "prep"
+  base = prepare.prepare(make_config(prep, days[:3]), progress=False)
+  bad = with_column(good_table(), "rtt", [1.0] * 11 + [np.nan] + [1.0] * 38)
+  bad_path = str(tmp_path / "bad.parquet")
+  pq.write_table(bad, bad_path)
+  with pytest.raises(DataError, match=r"bad\.parquet.*row 11"):
+    prepare.prepare(make_config(prep, [*days[:3], bad_path]), progress=False)
+  assert sorted(os.listdir(prep)) == [os.path.basename(base.summary["path"])]  # no temporary
+  assert prepare.ensure_prepared(make_config(prep, days[:3]), progress=False).cached
+  # With bad rows dropped, a new file of nothing else adds its counts and no row.
+  skip = "network_skip_bad_rows=true"
+  only_bad = with_column(good_table(), "rtt", [np.nan] * 50)
+  pq.write_table(only_bad, bad_path)
+  prepare.prepare(make_config(prep, days[:3], skip), progress=False)
+  appended = prepare.prepare(make_config(prep, [*days[:3], bad_path], skip), progress=False)
+  assert appended.summary["appended"]["new_rows_read"] == 50
+  full = prepare.prepare(
+    make_config(tmp_path / "full", [*days[:3], bad_path], skip), progress=False
+  )
+  assert appended.summary["skipped"] == full.summary["skipped"] != {}
+  assert_same_store(appended, full)
+
+
+def test_cli_says_what_was_appended(tmp_path, days, capsys):
+  overrides = [f"network_prepared_dir={tmp_path}"]
+  assert cli.main(["prepare", "base.yml", f"grain_train_files={days[0]}", *overrides]) == 0
+  capsys.readouterr()
+  both = f"grain_train_files={days[0]},{days[1]}"
+  assert cli.main(["prepare", "base.yml", both, *overrides]) == 0
+  captured = capsys.readouterr()
+  line = next(x for x in captured.out.splitlines() if x.startswith("appended  "))
+  assert f"1 new file(s), {pq.read_metadata(days[1]).num_rows:,} rows read" in line
+  assert "prepare: appending 1 new file(s) to store" in captured.err
