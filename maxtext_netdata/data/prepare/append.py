@@ -63,14 +63,10 @@ def appendable(config) -> bool:
   return config.network_split == "probe" or config.network_test_fraction == 0
 
 
-def find_base(
-  prepared_dir: str, content_key: str, train_files: list[remote.FileEntry]
-) -> Base | None:
-  """The complete store in `prepared_dir` of `content_key` with the most of `train_files`
-  (and no other file), or None. Stores written before summaries kept their files' sizes and
-  times are never a base."""
-  current = {tuple(e) for e in entries(train_files)}
-  best = None
+def _stores(prepared_dir: str, content_key: str):
+  """(root, its train files as a set of entries, summary) of each complete store in
+  `prepared_dir` of `content_key`. Stores written before summaries kept their files' sizes
+  and times are left out."""
   for meta_path in sorted(glob.glob(os.path.join(glob.escape(prepared_dir), "*", store.META_FILE))):
     try:
       with open(meta_path, encoding="utf-8") as f:
@@ -81,14 +77,47 @@ def find_base(
       continue
     if summary.get("content_key") != content_key or "train_file_entries" not in summary:
       continue
-    held = {tuple(e) for e in summary["train_file_entries"]}
+    yield os.path.dirname(meta_path), {tuple(e) for e in summary["train_file_entries"]}, summary
+
+
+def find_base(
+  prepared_dir: str, content_key: str, train_files: list[remote.FileEntry]
+) -> Base | None:
+  """The complete store in `prepared_dir` of `content_key` with the most of `train_files`
+  (and no other file), or None."""
+  current = {tuple(e) for e in entries(train_files)}
+  best = None
+  for root, held, summary in _stores(prepared_dir, content_key):
     if held < current and (best is None or len(held) > len(best[1])):
-      best = (os.path.dirname(meta_path), held, summary)
+      best = (root, held, summary)
   if best is None:
     return None
   root, held, summary = best
   new = [f for f in train_files if tuple(dataclasses.astuple(f)) not in held]
   return Base(root=root, summary=summary, new_files=new)
+
+
+def superseded(prepared_dir: str, content_key: str, train_files: list[remote.FileEntry]) -> list:
+  """The complete stores in `prepared_dir` that the store of `train_files` supersedes: of
+  the same content key, each holding a part of these files and no other file."""
+  current = {tuple(e) for e in entries(train_files)}
+  return [root for root, held, _ in _stores(prepared_dir, content_key) if held < current]
+
+
+def remove_store(root: str) -> int:
+  """Remove the store folder `root`; the bytes freed (files hard-linked elsewhere, such as an
+  eval split linked into the store that supersedes it, are not). Renamed first to a temporary
+  name, so no process takes it for a complete store while its files go."""
+  size = 0
+  for folder, _, names in os.walk(root):
+    for name in names:
+      stat = os.stat(os.path.join(folder, name))
+      size += stat.st_size if stat.st_nlink == 1 else 0
+  parent, name = os.path.split(root)
+  doomed = os.path.join(parent, f".tmp-{name}-pruned")
+  os.rename(root, doomed)
+  shutil.rmtree(doomed, ignore_errors=True)
+  return size
 
 
 def merge_split(base: str, delta: str, out: str, meta: dict, *, batch_rows: int, bar=None) -> dict:

@@ -16,6 +16,12 @@ def prepare(parser) -> None:
     help="build in full even if a current store exists, or one to append the new files to",
   )
   parser.add_argument(
+    "--prune",
+    action="store_true",
+    help="then remove the stores this one supersedes: those of the same settings made from a"
+    " part of its files (yesterday's store, once today's files are appended)",
+  )
+  parser.add_argument(
     "--runner",
     choices=("builtin", "beam"),
     default="builtin",

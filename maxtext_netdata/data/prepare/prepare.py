@@ -1,6 +1,6 @@
 """`prepare`: raw parquet → the prepared store (cached by a fingerprint of inputs and config).
 
-    maxtext-netdata prepare CONFIG [key=value ...] [--force] [--runner beam [-- BEAM OPTIONS]]
+    maxtext-netdata prepare CONFIG [key=value ...] [--force] [--prune] [--runner beam [-- BEAM OPTIONS]]
 
 Reads `grain_train_files` (and `grain_eval_files` if set) through `data.raw.reader`, validates
 every row (`data.raw.schema`), partitions the rows by probe hash into buckets spilled to local
@@ -97,12 +97,28 @@ def ensure_prepared(config, *, progress: bool = True) -> PreparedSplits:
   return prepare(config, progress=progress, force=False)
 
 
-def prepare(config, *, progress: bool = True, force: bool = False, runner=None) -> PreparedSplits:
+def prepare(
+  config, *, progress: bool = True, force: bool = False, runner=None, prune: bool = False
+) -> PreparedSplits:
   """Build the store of `config` unless a current one exists (or `force`); open it.
 
   `runner` builds the sorted pieces of one set of files (`data.prepare.beam_runner.runner`); None
   is the built-in one (`data.prepare.local_runner`). Listing, locking, assembling and caching are shared.
+  `prune` then removes the stores this one supersedes (`append.superseded`: the stores that
+  new files were, or could have been, appended to), recorded in the summary's `pruned`.
   """
+  splits = _prepare(config, progress=progress, force=force, runner=runner)
+  if prune:
+    local_dir = os.path.dirname(splits.summary["path"])
+    config, _, train_files, eval_files = _inputs(config)
+    roots = append.superseded(local_dir, content_key(config, eval_files), train_files)
+    freed = sum(append.remove_store(root) for root in roots)
+    splits.summary["pruned"] = {"stores": roots, "bytes": freed}
+  return splits
+
+
+def _inputs(config) -> tuple:
+  """(config as prepared, storage options, train files, eval files), the files listed."""
   if not config.grain_train_files.strip():
     raise ConfigError("grain_train_files is empty: set it to raw parquet paths, globs or URIs")
   options = remote.StorageOptions.from_config(config)
@@ -110,6 +126,11 @@ def prepare(config, *, progress: bool = True, force: bool = False, runner=None) 
   eval_files = remote.expand_all(config.grain_eval_files, options)
   if eval_files:  # the eval files are the eval split: every row of the train files trains
     config = config.replace(network_test_fraction=0.0)
+  return config, options, train_files, eval_files
+
+
+def _prepare(config, *, progress: bool, force: bool, runner) -> PreparedSplits:
+  config, options, train_files, eval_files = _inputs(config)
   fp = fingerprint(config, train_files, eval_files)
   shared = config.prepared_dir if remote.is_remote(config.prepared_dir) else ""
   local_dir = remote_copy.cache_dir(config) if shared else config.prepared_dir
@@ -399,6 +420,13 @@ def format_summary(summary: dict) -> str:
       f" to {appended['base']} ({appended['base_rows']:,} rows); merged in"
       f" {appended['merge_seconds']:.2f} s"
     )
+  pruned = summary.get("pruned")
+  if pruned is not None:
+    names = ", ".join(os.path.basename(root) for root in pruned["stores"]) or "none"
+    lines.append(
+      f"pruned    {len(pruned['stores'])} superseded store(s) ({names}),"
+      f" {pruned['bytes'] / 1e6:,.1f} MB freed"
+    )
   if summary["skipped"]:
     reasons = ", ".join(f"{reason}: {n:,}" for reason, n in sorted(summary["skipped"].items()))
     lines.append(f"skipped   {summary['skipped_rows']:,} rows ({reasons})")
@@ -424,6 +452,6 @@ def run(args) -> int:
     runner = beam_runner.runner(getattr(args, "passthrough", []))
   elif getattr(args, "passthrough", []):
     raise ConfigError("options after `--` are Beam pipeline options: add --runner beam")
-  splits = prepare(config, progress=True, force=args.force, runner=runner)
+  splits = prepare(config, progress=True, force=args.force, runner=runner, prune=args.prune)
   print(format_summary(splits.summary))
   return 0

@@ -169,8 +169,43 @@ def test_cli_says_what_was_appended(tmp_path, days, capsys):
   assert cli.main(["prepare", "base.yml", f"grain_train_files={days[0]}", *overrides]) == 0
   capsys.readouterr()
   both = f"grain_train_files={days[0]},{days[1]}"
-  assert cli.main(["prepare", "base.yml", both, *overrides]) == 0
+  assert cli.main(["prepare", "base.yml", both, *overrides, "--prune"]) == 0
   captured = capsys.readouterr()
   line = next(x for x in captured.out.splitlines() if x.startswith("appended  "))
   assert f"1 new file(s), {pq.read_metadata(days[1]).num_rows:,} rows read" in line
+  base = line.split(" to ")[1].split(" (")[0]
+  line = next(x for x in captured.out.splitlines() if x.startswith("pruned  "))
+  assert f"pruned    1 superseded store(s) ({os.path.basename(base)})" in line
+  assert not os.path.exists(base)
   assert "prepare: appending 1 new file(s) to store" in captured.err
+
+
+def test_prune_removes_the_stores_the_new_one_supersedes_and_no_other(tmp_path, days):
+  prep = tmp_path / "prep"
+  first = prepare.prepare(make_config(prep, days[:1]), progress=False)
+  second = prepare.prepare(make_config(prep, days[:2]), progress=False)
+  other_key = prepare.prepare(
+    make_config(prep, days[:2], "network_test_fraction=0.3"), progress=False
+  )
+  other_files = prepare.prepare(make_config(prep, [days[0], days[3]]), progress=False)
+  # A run still reading the old store keeps its open files; new opens see no store there.
+  seconds = os.path.join(second.summary["path"], "train", "seconds.npy")
+  header = np.load(seconds, mmap_mode="r").offset
+  held = open(seconds, "rb")  # noqa: SIM115
+  third = prepare.prepare(make_config(prep, days[:3]), progress=False, prune=True)
+  assert sorted(third.summary["pruned"]["stores"]) == sorted(
+    [first.summary["path"], second.summary["path"]]
+  )
+  assert third.summary["pruned"]["bytes"] > 0
+  left = {os.path.join(str(prep), name) for name in os.listdir(prep)}
+  assert left == {third.summary["path"], other_key.summary["path"], other_files.summary["path"]}
+  assert len(held.read()) == header + second.train.num_rows * 8
+  held.close()
+  assert third.train.num_rows + third.eval.num_rows == sum(
+    pq.read_metadata(d).num_rows for d in days[:3]
+  )
+  # Nothing left to prune: cached, and the CLI says so.
+  again = prepare.prepare(make_config(prep, days[:3]), progress=False, prune=True)
+  assert again.cached and again.summary["pruned"] == {"stores": [], "bytes": 0}
+  line = next(x for x in prepare.format_summary(again.summary).splitlines() if "pruned" in x)
+  assert line.startswith("pruned    0 superseded store(s)")
