@@ -5,7 +5,8 @@ The stages wrap the real functions at the boundaries between prepare's steps:
 - `reading`: one input file read and spilled (`partition.read_partitioned` exhausted);
 - `partitioned`: every file spilled (`local_runner.spill` returned);
 - `sorted`: the first sorted bucket written into the splits (`assemble.Assembler.add`);
-- `assembled`: every split written, the summary not yet (`prepare._summary` called).
+- `assembled`: every split written, the summary not yet (`prepare._summary` called);
+- `merging`: new files appended to a store, its first split merged (`append.merge_split`).
 """
 
 import functools
@@ -14,9 +15,9 @@ import signal
 import sys
 
 from maxtext_netdata import cli
-from maxtext_netdata.data.prepare import assemble, local_runner, partition, prepare
+from maxtext_netdata.data.prepare import append, assemble, local_runner, partition, prepare
 
-STAGES = ("reading", "partitioned", "sorted", "assembled")
+STAGES = ("reading", "partitioned", "sorted", "assembled", "merging")
 
 
 def _stop() -> None:
@@ -59,6 +60,8 @@ def _install(stage: str) -> None:
       return summary(*args, **kwargs)
 
     prepare._summary = stop_then_summary
+  elif stage == "merging":
+    append.merge_split = _after_first(append.merge_split)
   else:
     raise SystemExit(f"stage must be one of {', '.join(STAGES)}")
 

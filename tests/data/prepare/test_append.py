@@ -1,8 +1,10 @@
 """prepare with new files beside those of an existing store: only the new ones are read, and
 the store is the one a full build gives, byte for byte (docs/prepare.md, "New files: append")."""
 
+import glob
 import os
 import shutil
+import signal
 
 import numpy as np
 import pyarrow as pa
@@ -13,6 +15,7 @@ from maxtext_netdata import cli
 from maxtext_netdata.data.prepare import prepare
 from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.errors import DataError
+from tests.data.prepare.test_partition import _prepare_process, _wait_stopped
 from tests.data.prepare.test_prepare import good_table, make_config, with_column
 
 # 256 MiB: the smallest budget, 65,536-row batches, so each merge here takes several.
@@ -209,3 +212,23 @@ def test_prune_removes_the_stores_the_new_one_supersedes_and_no_other(tmp_path, 
   assert again.cached and again.summary["pruned"] == {"stores": [], "bytes": 0}
   line = next(x for x in prepare.format_summary(again.summary).splitlines() if "pruned" in x)
   assert line.startswith("pruned    0 superseded store(s)")
+
+
+def test_an_append_killed_while_merging_leaves_the_base_and_a_rerun_appends(tmp_path, days):
+  prep = tmp_path / "prep"
+  base = prepare.prepare(make_config(prep, days[:3]), progress=False)
+  process = _prepare_process(prep, days, pause_at="merging")
+  try:
+    _wait_stopped(process)
+    work = glob.glob(str(prep / ".tmp-*"))
+    assert len(work) == 1 and os.path.isdir(os.path.join(work[0], "train"))  # one split merged
+  finally:
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+  assert process.returncode == -signal.SIGKILL
+  assert prepare.ensure_prepared(make_config(prep, days[:3]), progress=False).cached
+  appended = prepare.prepare(make_config(prep, days), progress=False)
+  assert appended.summary["appended"]["base"] == base.summary["path"]
+  names = {base.summary["path"], appended.summary["path"]}
+  assert {os.path.join(str(prep), name) for name in os.listdir(prep)} == names
+  assert_same_store(appended, prepare.prepare(make_config(tmp_path / "full", days), progress=False))
