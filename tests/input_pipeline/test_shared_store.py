@@ -230,3 +230,35 @@ def test_a_store_without_its_top_meta_in_the_bucket_is_rebuilt_not_copied(
     tmp_path / "b" / fp / "meta.json"
   ).read_bytes()
   np.testing.assert_array_equal(copied.train.seconds, built.train.seconds)
+
+
+def test_new_files_are_appended_to_the_hosts_cached_store_and_shared(
+  raw_dir, s3_env, tmp_path, monkeypatch
+):
+  for key, value in s3_env.items():
+    monkeypatch.setenv(key, value)
+  files = sorted(str(path) for path in raw_dir.glob("*.parquet"))
+
+  def prepared(cache: str, files: list[str]):
+    cfg = config.load(
+      None,
+      overrides(
+        ",".join(files),
+        network_prepared_dir="s3://stores/daily",
+        network_store_cache_dir=str(tmp_path / cache),
+      ),
+    )
+    return prepare.prepare(cfg, progress=False)
+
+  base = prepared("a", files[:3])
+  appended = prepared("a", files)  # not in the bucket: appended to the cache's store, uploaded
+  assert appended.summary["appended"]["base"] == base.summary["path"]
+  assert "copied_from" not in appended.summary
+  fp = appended.summary["fingerprint"]
+  copied = prepared("b", files)  # another host: the appended store, from the bucket
+  assert copied.summary["copied_from"] == f"s3://stores/daily/{fp}"
+  for split in ("train", "eval"):
+    for array in ("probe_offsets", "dst", "seconds", "rtt_bytes"):
+      np.testing.assert_array_equal(
+        getattr(getattr(copied, split), array), getattr(getattr(appended, split), array)
+      )
