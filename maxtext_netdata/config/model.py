@@ -144,6 +144,12 @@ class ConfigModel(BaseModel):
   checkpoint_period: Positive = Field(
     50, description="save a checkpoint every this many steps (and at the end)"
   )
+  load_parameters_path: str = Field(
+    "",
+    description="MaxText's key: a checkpoint (<run_dir>/checkpoints/<n>, or its items folder)"
+    " whose parameters start this run, with a fresh optimizer, step and data position (the"
+    " same model; e.g. after new days of data); a run that resumes its own checkpoint ignores it",
+  )
   profiler: Literal["", "xplane"] = Field(
     "",
     description="MaxText's key: xplane records a JAX profiler trace of profiler_steps steps"

@@ -39,7 +39,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from maxtext_netdata.config import Config
+from maxtext_netdata.config import Config, ConfigError
 
 STATE_ITEM = "items"
 ITERATOR_ITEM = "iter"
@@ -203,6 +203,63 @@ class Checkpoints:
 _ORBAX_DIR = os.path.dirname(ocp.__file__)
 # TensorStore, which writes Orbax's arrays, reports an OS error in its message only.
 _OS_ERROR_CODE = re.compile(r"\[os_error_code='(\d+)'\]")
+
+
+def load_params(path: str, abstract_state: Any) -> Any:
+  """The params of the train state saved in checkpoint `path` (MaxText's
+  `load_parameters_path`: `<run_dir>/checkpoints/<n>/items`, or `<n>` itself), restored with
+  the shapes, dtypes and shardings of `abstract_state`, the state of this run's model and
+  optimizer. Anything else is a ConfigError naming the path."""
+  target = epath.Path(path)
+  if (target / STATE_ITEM).is_dir():
+    target = target / STATE_ITEM
+  if not target.is_dir():
+    raise ConfigError(f"load_parameters_path={path}: no such checkpoint folder")
+  with ocp.StandardCheckpointer() as checkpointer:
+    # Shapes first, from the metadata: a restore of arrays of other shapes fails only in
+    # TensorStore's reads, whose errors outlive the call. (Orbax logs a warning that the
+    # step's metadata file is not in the items folder: it is one folder up.)
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+      saved = _param_shapes(checkpointer.metadata(target).item_metadata)
+    except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
+      raise ConfigError(
+        f"load_parameters_path={path}: not a checkpoint ({_first_line(e)})"
+      ) from None
+    finally:
+      absl_logger.setLevel(level)
+    if not saved:
+      raise ConfigError(f"load_parameters_path={path}: not a checkpoint (no parameters in it)")
+    wanted = _param_shapes(abstract_state)
+    if saved != wanted:
+      where = sorted(set(saved) ^ set(wanted)) or [k for k in wanted if saved[k] != wanted[k]]
+      raise ConfigError(
+        f"load_parameters_path={path}: not the parameters of this model ({where[0]}:"
+        f" {saved.get(where[0], 'absent')} saved, {wanted.get(where[0], 'absent')} here)"
+      )
+    try:
+      state = checkpointer.restore(target, abstract_state)
+    except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
+      raise ConfigError(
+        f"load_parameters_path={path}: not a train state of this model and optimizer"
+        f" ({_first_line(e)})"
+      ) from None
+  return state["params"]
+
+
+def _first_line(error: BaseException) -> str:
+  return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _param_shapes(tree: Any) -> dict[str, tuple]:
+  """{path: (shape, dtype)} of the leaves under `params` of a state or its saved metadata."""
+  return {
+    jax.tree_util.keystr(path): (tuple(leaf.shape), str(leaf.dtype))
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+    if path and getattr(path[0], "key", None) == "params"
+  }
 
 
 def _os_error(error: BaseException) -> OSError | None:

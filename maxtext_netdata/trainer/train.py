@@ -322,6 +322,10 @@ def train(
       print(f"train: resumed from {checkpointing.checkpoint_dir(config)}/{start_step}")
     else:
       state = trainer.init_state(jax.random.key(0))
+      if config.load_parameters_path:
+        abstract = trainer.abstract_state()
+        state["params"] = checkpointing.load_params(config.load_parameters_path, abstract)
+        print(f"train: parameters from {config.load_parameters_path}")
     stop.begin(start_step)
     if hasattr(train_iter, "start_prefetch"):
       train_iter.start_prefetch()  # workers fill their buffers while the step compiles

@@ -381,6 +381,36 @@ def test_a_checkpoint_saved_before_donated_steps_holds_its_own_step(tmp_path):
   )
 
 
+def test_a_new_run_starts_from_another_runs_parameters(tmp_path):
+  """`load_parameters_path`: the second run's parameters are the first run's final ones. With
+  learning rate 0 its steps leave them as they are, so its checkpoint holds them bit for bit,
+  with its own step count; without the option it would hold the shared initial values."""
+  common = ["steps=2", "checkpoint_period=2", "eval_interval=-1"]
+  _run(_config(tmp_path, "run_name=first", *common))
+  first = ocp.StandardCheckpointer().restore(tmp_path / "first/checkpoints/2/items")
+  for name, path in (("second", "checkpoints/2/items"), ("third", "checkpoints/2")):
+    source = f"load_parameters_path={tmp_path / 'first' / path}"
+    _run(_config(tmp_path, f"run_name={name}", *common, "learning_rate=0", source))
+    loaded = ocp.StandardCheckpointer().restore(tmp_path / name / "checkpoints/2/items")
+    assert int(loaded["step"]) == 2
+    leaves = jax.tree.leaves(first["params"])
+    assert len(leaves) > 5
+    for a, b in zip(leaves, jax.tree.leaves(loaded["params"]), strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ConfigError, match=r"load_parameters_path=.*nowhere: no such checkpoint"):
+    _run(
+      _config(tmp_path, "run_name=fourth", "steps=1", f"load_parameters_path={tmp_path}/nowhere")
+    )
+  with pytest.raises(ConfigError, match=r"load_parameters_path=.*first: not a checkpoint"):
+    _run(_config(tmp_path, "run_name=sixth", "steps=1", f"load_parameters_path={tmp_path}/first"))
+  wider = _config(
+    tmp_path, "run_name=fifth", "steps=1", "base_emb_dim=128",
+    f"load_parameters_path={tmp_path}/first/checkpoints/2",
+  )  # fmt: skip
+  with pytest.raises(ConfigError, match=r"not the parameters of this model \(\['params'\]"):
+    _run(wider)
+
+
 def _profiled(run_dir, first_step: int) -> tuple[list[int], list[str]]:
   """The steps the analysis finds in the run's trace, and the Python functions it recorded."""
   from maxtext_netdata.bench import profile
