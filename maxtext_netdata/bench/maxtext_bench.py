@@ -73,6 +73,7 @@ def run(args) -> int:
     raise ConfigError(f"--steps={args.steps} must be >= 0 and --batches={args.batches} >= 1")
   if args.profile and args.steps < 2:
     raise ConfigError(f"--profile records real-data steps: it needs --steps >= 2, not {args.steps}")
+  maxtext_run.check_hook(args.loop_hook)
   maxtext_train.install_checking(args.overrides)
   maxtext_run.call_hook(args.loop_hook)
   cfg = load_config(path, args.overrides)

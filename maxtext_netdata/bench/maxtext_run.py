@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import importlib.util
 import sys
 import time
 
@@ -24,17 +25,38 @@ from maxtext_netdata.errors import UserError
 _LAST_WAIT: list[float] = []
 
 
+def check_hook(spec: str | None) -> tuple[str, str] | None:
+  """(module, function) of a `MODULE:FUNCTION` spec (None: no hook), the module found but not
+  imported: a hook may patch MaxText, so it is imported once MaxText is, and a spec that
+  cannot work fails before MaxText's import (seconds) rather than after.
+
+  Raises:
+    UserError: the spec is malformed or its module is nowhere to be found.
+  """
+  if not spec:
+    return None
+  module_name, _, function_name = spec.partition(":")
+  if not module_name or not function_name:
+    raise UserError(f"--loop-hook={spec!r} must be MODULE:FUNCTION")
+  try:
+    found = importlib.util.find_spec(module_name) is not None
+  except (ImportError, ValueError) as e:  # a parent package that is missing or broken
+    raise UserError(f"--loop-hook={spec!r}: {e}") from None
+  if not found:
+    raise UserError(f"--loop-hook={spec!r}: No module named {module_name!r}")
+  return module_name, function_name
+
+
 def call_hook(spec: str | None) -> None:
   """Imports `MODULE` and calls `FUNCTION()` for a `MODULE:FUNCTION` spec (None: nothing).
 
   Raises:
     UserError: the spec is malformed or names nothing importable.
   """
-  if not spec:
+  checked = check_hook(spec)
+  if checked is None:
     return
-  module_name, _, function_name = spec.partition(":")
-  if not module_name or not function_name:
-    raise UserError(f"--loop-hook={spec!r} must be MODULE:FUNCTION")
+  module_name, function_name = checked
   try:
     function = getattr(importlib.import_module(module_name), function_name)
   except (ImportError, AttributeError) as e:
