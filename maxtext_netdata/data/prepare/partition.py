@@ -28,10 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from maxtext_netdata.data.prepare import probes, row_kernels
+from maxtext_netdata.data.prepare import hashed_kernel, probes, row_kernels
 from maxtext_netdata.data.raw import reader, schema
 from maxtext_netdata.data.store import store
-from maxtext_netdata.format import tokenizer
 
 # Rows of one bucket at most (the memory budget may ask for fewer): the sort's cost per row
 # grows with the arrays' size (cache misses), so small buckets are also faster.
@@ -122,7 +121,7 @@ def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tu
     "rtt_ms": columns.rtt.astype(np.float32),
   }
   if hashed:
-    data["hashed_order"] = tokenizer.hashed_order_pairs(
+    data["hashed_order"] = hashed_kernel.hashed_order_pairs(
       columns.src_text, columns.dst_text, columns.seconds
     )
   probe_bucket = bucket_of(hashes, buckets)
