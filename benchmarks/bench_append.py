@@ -26,7 +26,8 @@ import json, sys
 from maxtext_netdata import config
 from maxtext_netdata.data.prepare import prepare
 files, prepared = sys.argv[1].split(","), sys.argv[2]
-cfg = config.load(None, [f"grain_train_files={','.join(files)}", f"network_prepared_dir={prepared}"])
+overrides = [f"grain_train_files={','.join(files)}", f"network_prepared_dir={prepared}"]
+cfg = config.load(None, overrides)
 print(json.dumps(prepare.prepare(cfg, progress=False).summary))
 """
 
@@ -95,9 +96,8 @@ def main() -> None:
       f"merge           {full['rows'] / merge_s:,.0f} rows/s, {store_mb / merge_s:,.0f} MB/s"
       f" of a {store_mb:,.0f} MB store"
     )
-    print(
-      f"copy of base    {base_mb / max(copy_s, 1e-9):,.0f} MB/s ({base_mb:,.0f} MB in {copy_s:.2f} s)"
-    )
+    copy_rate = base_mb / max(copy_s, 1e-9)
+    print(f"copy of base    {copy_rate:,.0f} MB/s ({base_mb:,.0f} MB in {copy_s:.2f} s)")
     print(f"full / append   {full['seconds'] / appended['seconds']:.2f}x (time in prepare)")
     same = appended["fingerprint"] == full["fingerprint"]
     print(f"same store      {same} (fingerprint {full['fingerprint']})")

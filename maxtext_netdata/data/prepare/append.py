@@ -205,7 +205,8 @@ class _Source:
     for name in store.ROW_ARRAYS:
       array = getattr(split, name)  # checked for dtype and shape
       if array is not None:
-        self.files[name] = (open(array.filename, "rb"), array.offset)  # noqa: SIM115 (closed in close)
+        f = open(array.filename, "rb")  # noqa: SIM115 (closed in close)
+        self.files[name] = (f, array.offset)
     del split
 
   def read_into(self, name: str, start: int, out: np.ndarray) -> None:

@@ -1,6 +1,7 @@
 """`prepare`: raw parquet → the prepared store (cached by a fingerprint of inputs and config).
 
-    maxtext-netdata prepare CONFIG [key=value ...] [--force] [--prune] [--runner beam [-- BEAM OPTIONS]]
+    maxtext-netdata prepare CONFIG [key=value ...] [--force] [--prune]
+        [--runner beam [-- BEAM OPTIONS]]
 
 Reads `grain_train_files` (and `grain_eval_files` if set) through `data.raw.reader`, validates
 every row (`data.raw.schema`), partitions the rows by probe hash into buckets spilled to local
