@@ -388,21 +388,21 @@ def test_a_new_run_starts_from_another_runs_parameters(tmp_path):
   common = ["steps=2", "checkpoint_period=2", "eval_interval=-1"]
   _run(_config(tmp_path, "run_name=first", *common))
   first = ocp.StandardCheckpointer().restore(tmp_path / "first/checkpoints/2/items")
-  for name, path in (("second", "checkpoints/2/items"), ("third", "checkpoints/2")):
-    source = f"load_parameters_path={tmp_path / 'first' / path}"
-    _run(_config(tmp_path, f"run_name={name}", *common, "learning_rate=0", source))
-    loaded = ocp.StandardCheckpointer().restore(tmp_path / name / "checkpoints/2/items")
-    assert int(loaded["step"]) == 2
-    leaves = jax.tree.leaves(first["params"])
-    assert len(leaves) > 5
-    for a, b in zip(leaves, jax.tree.leaves(loaded["params"]), strict=True):
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  source = f"load_parameters_path={tmp_path / 'first/checkpoints/2/items'}"
+  _run(_config(tmp_path, "run_name=second", *common, "learning_rate=0", source))
+  loaded = ocp.StandardCheckpointer().restore(tmp_path / "second/checkpoints/2/items")
+  assert int(loaded["step"]) == 2
+  leaves = jax.tree.leaves(first["params"])
+  assert len(leaves) > 5
+  for a, b in zip(leaves, jax.tree.leaves(loaded["params"]), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   with pytest.raises(ConfigError, match=r"load_parameters_path=.*nowhere: no such checkpoint"):
     _run(
       _config(tmp_path, "run_name=fourth", "steps=1", f"load_parameters_path={tmp_path}/nowhere")
     )
   with pytest.raises(ConfigError, match=r"load_parameters_path=.*first: not a checkpoint"):
     _run(_config(tmp_path, "run_name=sixth", "steps=1", f"load_parameters_path={tmp_path}/first"))
+  # The step's folder stands for its items folder: this one is found, and its shapes read.
   wider = _config(
     tmp_path, "run_name=fifth", "steps=1", "base_emb_dim=128",
     f"load_parameters_path={tmp_path}/first/checkpoints/2",
