@@ -13,6 +13,13 @@ class UserError(Exception):
   """A bad request on the command line (an option out of range, a missing input)."""
 
 
+def first_line(error: BaseException) -> str:
+  """The first line of an exception's message (its type's name when it has none), for a
+  one-line report of an error raised by a library that writes several."""
+  text = str(error).strip()
+  return text.splitlines()[0] if text else type(error).__name__
+
+
 class WritesTo:
   """`with WritesTo(path):` a block writing `path`, a file or a folder.
 

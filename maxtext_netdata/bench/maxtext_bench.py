@@ -30,7 +30,7 @@ from maxtext_netdata.bench import loading, render
 from maxtext_netdata.bench import profile as bench_profile
 from maxtext_netdata.bench import report as bench_report
 from maxtext_netdata.bench.arguments import WARMUP_STEPS
-from maxtext_netdata.errors import ConfigError
+from maxtext_netdata.errors import ConfigError, first_line
 
 # Dataset types MaxText 0.2.5's create_data_iterator builds, plus ours through the plugin.
 DATASET_TYPES = ("grain", "hf", "tfds", "c4_mlperf", "olmo_grain", "synthetic", "network_grain")
@@ -171,8 +171,7 @@ def load_config(path: str, overrides: list[str]):
   except ConfigError:
     raise
   except Exception as e:  # MaxText raises ValueError, pydantic errors, AssertionError...
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise ConfigError(f"{path}: MaxText rejects the config: {first}") from None
+    raise ConfigError(f"{path}: MaxText rejects the config: {first_line(e)}") from None
   kind = _dataset_type(cfg)
   if kind not in DATASET_TYPES:
     raise ConfigError(
@@ -238,9 +237,9 @@ def measure_loading(cfg, batches: int) -> dict:
     try:
       return input_pipeline_interface.create_data_iterator(cfg, mesh)
     except Exception as e:
-      message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
       raise ConfigError(
-        f"MaxText cannot build its {_dataset_type(cfg)} pipeline ({_data_source(cfg)}): {message}"
+        f"MaxText cannot build its {_dataset_type(cfg)} pipeline ({_data_source(cfg)}):"
+        f" {first_line(e)}"
       ) from None
 
   return loading.time_loading(

@@ -40,6 +40,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from maxtext_netdata.config import Config, ConfigError
+from maxtext_netdata.errors import first_line
 
 STATE_ITEM = "items"
 ITERATOR_ITEM = "iter"
@@ -226,7 +227,7 @@ def load_params(path: str, abstract_state: Any) -> Any:
       saved = _param_shapes(checkpointer.metadata(target).item_metadata)
     except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
       raise ConfigError(
-        f"load_parameters_path={path}: not a checkpoint ({_first_line(e)})"
+        f"load_parameters_path={path}: not a checkpoint ({first_line(e)})"
       ) from None
     finally:
       absl_logger.setLevel(level)
@@ -244,13 +245,9 @@ def load_params(path: str, abstract_state: Any) -> Any:
     except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
       raise ConfigError(
         f"load_parameters_path={path}: not a train state of this model and optimizer"
-        f" ({_first_line(e)})"
+        f" ({first_line(e)})"
       ) from None
   return state["params"]
-
-
-def _first_line(error: BaseException) -> str:
-  return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _param_shapes(tree: Any) -> dict[str, tuple]:
