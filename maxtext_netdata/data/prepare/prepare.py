@@ -108,10 +108,12 @@ def prepare(
   `prune` then removes the stores this one supersedes (`append.superseded`: the stores that
   new files were, or could have been, appended to), recorded in the summary's `pruned`.
   """
-  splits = _prepare(config, progress=progress, force=force, runner=runner)
+  config, options, train_files, eval_files = _inputs(config)
+  splits = _prepare(
+    config, options, train_files, eval_files, progress=progress, force=force, runner=runner
+  )
   if prune:
     local_dir = os.path.dirname(splits.summary["path"])
-    config, _, train_files, eval_files = _inputs(config)
     roots = append.superseded(local_dir, content_key(config, eval_files), train_files)
     freed = sum(append.remove_store(root) for root in roots)
     splits.summary["pruned"] = {"stores": roots, "bytes": freed}
@@ -130,8 +132,9 @@ def _inputs(config) -> tuple:
   return config, options, train_files, eval_files
 
 
-def _prepare(config, *, progress: bool, force: bool, runner) -> PreparedSplits:
-  config, options, train_files, eval_files = _inputs(config)
+def _prepare(
+  config, options, train_files, eval_files, *, progress: bool, force: bool, runner
+) -> PreparedSplits:
   fp = fingerprint(config, train_files, eval_files)
   shared = config.prepared_dir if remote.is_remote(config.prepared_dir) else ""
   local_dir = remote_copy.cache_dir(config) if shared else config.prepared_dir
