@@ -244,16 +244,13 @@ class _Union:
     hashes = np.concatenate([s.hashes for s in sources])
     which = np.concatenate([np.full(len(s.keys), i) for i, s in enumerate(sources)])
     local = np.concatenate([np.arange(len(s.keys)) for s in sources])
-    order = np.lexsort((*keys.T[::-1], hashes))
-    sorted_keys = keys[order]
-    new = np.ones(len(order), dtype=bool)
-    new[1:] = (sorted_keys[1:] != sorted_keys[:-1]).any(axis=1)
-    group = np.cumsum(new) - 1
-    groups = int(new.sum())
-    self.version = np.ascontiguousarray(sorted_keys[new, 0])
-    self.src = np.ascontiguousarray(sorted_keys[new, 1:])
+    # The build's own probe numbering (`partition.order_bucket`'s): the same order by construction.
+    group, probe_keys, _ = partition._probe_ranks(keys, hashes)
+    groups = len(probe_keys)
+    self.version = np.ascontiguousarray(probe_keys[:, 0])
+    self.src = np.ascontiguousarray(probe_keys[:, 1:])
     self.index = np.full((groups, len(sources)), -1, np.int64)
-    self.index[group, which[order]] = local[order]
+    self.index[group, which] = local
     self.rows = np.zeros((groups, len(sources)), np.int64)
     first = np.full((groups, len(sources)), np.iinfo(np.int64).max)
     last = np.full((groups, len(sources)), np.iinfo(np.int64).min)
