@@ -1,7 +1,7 @@
 """The room map of maxtext_netdata, read from its imports: `python scripts/room_graph.py`
 rewrites the Mermaid flowchart between the `rooms` markers of docs/architecture.md.
 
-A room is a subpackage of maxtext_netdata (or a module at its root: config, errors); inside
+A room is a subpackage of maxtext_netdata (or a module at its root: config, errors, signals); inside
 `data/`, whose stages are rooms of their own, a room is the deepest subpackage a module sits in
 (`data/prepare`, `data/ripe/scanner`; `data` itself holds `remote`). An edge
 A --> B means some module of room A imports room B: at module level, inside a function (a lazy
@@ -33,7 +33,7 @@ LAYERS = (
   ("data/raw", "data/ripe/scanner"),
   ("data", "format"),
   ("kernels",),
-  ("config", "errors"),
+  ("config", "errors", "signals"),
 )
 # Rooms whose subpackages are rooms of their own.
 NESTED = ("data",)
@@ -136,12 +136,12 @@ def _node(room: str) -> str:
 
 
 def mermaid() -> str:
-  """The room map as a Mermaid flowchart, layer by layer, config and errors left implicit."""
+  """The room map as a Mermaid flowchart, layer by layer, config, errors and signals left implicit."""
   edges = room_edges()
-  everywhere = {"config", "errors"}
+  everywhere = {"config", "errors", "signals"}
   lines = [
     "```mermaid",
-    "%% Every room may import config and errors; those edges are left out.",
+    "%% Every room may import config, errors and signals; those edges are left out.",
     "flowchart TD",
   ]
   for layer in LAYERS:

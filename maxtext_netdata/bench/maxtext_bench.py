@@ -13,15 +13,16 @@ TensorFlow and TensorFlow Datasets are installed, which the maxtext extra does n
    read by `bench.profile`;
 5. the verdict, the JSON report and the PNG plot of `bench.report`.
 
-Training runs go to `maxtext_run` subprocesses (`<report folder>/synthetic`, `/real`).
+Training runs go to `maxtext_run` processes (`<report folder>/synthetic`, `/real`), forked from
+a server started once the config is checked, which imports MaxText's trainer once
+(`maxtext_preload`): two MaxText imports a bench instead of three.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -55,6 +56,8 @@ HF_FIXED_BUFFERS = (
   "MaxText's hf pipeline fixes its buffers (one batch per worker), so for a deeper prefetch"
   " store the data as ArrayRecord or parquet for dataset_type=grain"
 )
+# Seconds a training run has to end by itself once bench is ending (a Ctrl-C reached both).
+RUN_END_S = 5.0
 # Real-data steps the profiler records after the warm-up.
 PROFILE_STEPS = 6
 OFFLINE_TOKENIZATION = (
@@ -79,13 +82,14 @@ def run(args) -> int:
   cfg = load_config(path, args.overrides)
   sweep = loading.parse_sweep(args.sweep_workers)
   _check_workers(cfg, sweep)
+  runs = _fork_server() if args.steps else None  # once the config is known to be good
   report_path = (
     Path(args.report)
     if args.report
     else Path(cfg.base_output_directory) / cfg.run_name / "bench" / "report.json"
   )
   out = report_path.parent
-  trainer = _Trainer(path, args.overrides, args.loop_hook, args.steps, out)
+  trainer = _Trainer(path, args.overrides, args.loop_hook, args.steps, out, runs)
 
   synthetic = real = profile = None
   if args.steps and args.target_step_time is None:
@@ -253,17 +257,53 @@ def measure_loading(cfg, batches: int) -> dict:
   )
 
 
+def _fork_server():
+  """The multiprocessing context whose fork server, started now, imports MaxText's trainer
+  (`maxtext_preload`); its processes start with it imported."""
+  context = multiprocessing.get_context("forkserver")
+  context.set_forkserver_preload(["maxtext_netdata.bench.maxtext_preload"])
+  from multiprocessing import forkserver
+
+  forkserver.ensure_running()
+  return context
+
+
+def _run(context, argv: list[str], log: Path) -> int:
+  """`maxtext_run.run_logged(argv)` in a process of `context`; its exit status. However bench
+  ends meanwhile (Ctrl-C, SIGTERM, an error), the run is asked to end (SIGTERM: it closes its
+  workers as `maxtext-train` does) and killed if it has not within its clean-up grace."""
+  from maxtext_netdata import signals
+  from maxtext_netdata.bench import maxtext_run
+
+  process = context.Process(
+    target=maxtext_run.run_logged, args=(argv, str(log), dict(os.environ)), name="maxtext_run"
+  )
+  process.start()
+  try:
+    process.join()
+  finally:
+    if process.exitcode is None:
+      process.join(RUN_END_S)  # Ctrl-C at a terminal reached the run too
+    if process.exitcode is None:
+      process.terminate()
+      process.join(signals.CLEANUP_GRACE_S + RUN_END_S)
+    if process.exitcode is None:
+      process.kill()
+      process.join()
+  return process.exitcode
+
+
 class _Trainer:
   """MaxText training sub-runs of one bench, each in a `maxtext_run` process."""
 
-  def __init__(self, path, overrides, hook, steps, out: Path):
+  def __init__(self, path, overrides, hook, steps, out: Path, context):
     self.path, self.overrides, self.hook, self.steps, self.out = path, overrides, hook, steps, out
+    self.context = context
 
   def train(self, name: str, extra: list[str]) -> dict:
     metrics_file = self.out / f"{name}.metrics.jsonl"
     metrics_file.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "maxtext_netdata.bench.maxtext_run"]
-    argv += ["--hook", self.hook] if self.hook else []
+    argv = ["--hook", self.hook] if self.hook else []
     argv += [self.path, *self.overrides, *extra]
     argv += [
       f"steps={self.steps + WARMUP_STEPS}",
@@ -275,10 +315,7 @@ class _Trainer:
     ]
     log = self.out / f"{name}.log"
     self.out.mkdir(parents=True, exist_ok=True)
-    with open(log, "w", encoding="utf-8") as f:
-      code = subprocess.run(
-        argv, stdout=f, stderr=subprocess.STDOUT, env=os.environ.copy()
-      ).returncode
+    code = _run(self.context, argv, log)
     if code != 0 or not metrics_file.exists():
       tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
       raise ConfigError(

@@ -8,15 +8,20 @@ MaxText's `DataLoader.load_next_batch` took for the step's batch, for every data
 changes to MaxText's loop or input pipeline that bench should measure as they will run.
 
 A process per run: MaxText keeps global state (its config, JAX's compilation cache options,
-the profiler), and its Grain workers and shared memory go away with the process.
+the profiler), and its Grain workers and shared memory go away with the process. bench forks
+each from a server that has imported MaxText already (`maxtext_preload`) and runs `run_logged`
+there, as the command line would run `main`.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import importlib
 import importlib.util
+import os
+import signal
 import sys
 import time
 
@@ -114,6 +119,38 @@ def main(argv: list[str] | None = None) -> int:
   except UserError as e:
     print(f"maxtext_run: error: {e}", file=sys.stderr)
     return 2
+
+
+def run_logged(argv: list[str], log: str, environment: dict[str, str]) -> None:
+  """`main(argv)` in a process forked from bench's fork server, as `python -m
+  maxtext_netdata.bench.maxtext_run ARGV > LOG 2>&1` would run it in bench's `environment`:
+  its exit status main's, the exit handlers run at the end (a forked process skips them).
+  SIGTERM and Ctrl-C unwind the run as they do `maxtext-train`, closing its Grain workers."""
+  os.environ.clear()
+  os.environ.update(environment)
+  fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+  os.dup2(fd, 1)
+  os.dup2(fd, 2)
+  os.close(fd)
+  from maxtext_netdata import signals
+  from maxtext_netdata.maxtext import plugin
+
+  code = 1
+  try:
+    signals.on_forced_exit(plugin.close_iterators)
+    with signals.as_exceptions():
+      code = main(argv)
+  except signals.Terminated:
+    print("maxtext_run: terminated (SIGTERM)", file=sys.stderr)
+    code = 128 + signal.SIGTERM
+  except KeyboardInterrupt:
+    print("maxtext_run: interrupted", file=sys.stderr)
+    code = 130
+  finally:
+    atexit._run_exitfuncs()  # noqa: SLF001 - what the interpreter's exit would have run
+    sys.stdout.flush()
+    sys.stderr.flush()
+  sys.exit(code)
 
 
 if __name__ == "__main__":

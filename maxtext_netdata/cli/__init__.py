@@ -24,7 +24,8 @@ import signal
 import sys
 from typing import NamedTuple
 
-from maxtext_netdata.cli import huge_pages, signals
+from maxtext_netdata import signals
+from maxtext_netdata.cli import huge_pages
 from maxtext_netdata.config import ConfigError
 from maxtext_netdata.errors import DataError, UserError
 from maxtext_netdata.format import tokens

@@ -99,7 +99,7 @@ def join(timeout: float | None = None) -> None:
 def finish(name: str, said: str, skipped: str) -> None:
   """At a command's end: when step `name` is still pending (a machine's first run), prints
   `said` on stderr and waits for it, so that its kernel is cached and later runs load it.
-  Ctrl-C or SIGTERM (cli.signals.Terminated is a KeyboardInterrupt) ends the wait at once with
+  Ctrl-C or SIGTERM (signals.Terminated is a KeyboardInterrupt) ends the wait at once with
   `skipped`, one line rather than a traceback; a later run compiles again."""
   if not pending(name):
     return

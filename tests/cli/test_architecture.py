@@ -9,7 +9,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import room_graph  # noqa: E402
 
-_BASE = {"config", "errors"}
+_BASE = {"config", "errors", "signals"}
 # The stages of `data/` (docs/architecture.md); `data` itself is their shared `remote` module.
 _DATA = {"data", "data/raw", "data/ripe", "data/ripe/scanner", "data/synthetic", "data/prepare"}
 _DATA |= {"data/store"}
@@ -19,6 +19,7 @@ _BELOW_CONSUMERS = {"format", "kernels", "distributed", "input_pipeline", *_DATA
 # bench also measures the trainer and MaxText.
 ALLOWED = {
   "errors": set(),
+  "signals": set(),
   "config": {"input_pipeline", "errors"},  # the dataset-type registry only (see below)
   "kernels": set(),
   "format": {"errors"},

@@ -14,12 +14,12 @@ import subprocess
 import sys
 import threading
 
-from maxtext_netdata.cli import signals
+from maxtext_netdata import signals
 from tests.helpers.processes import REPO, with_sigint_default
 
 _SCRIPT = """
 import sys, time
-from maxtext_netdata.cli import signals
+from maxtext_netdata import signals
 
 class Slow:
   def __del__(self):
@@ -80,7 +80,7 @@ def test_each_signal_ends_its_round_though_most_land_in_a_finalizer():
 
 _HANGING_CLEANUP = """
 import sys, threading
-from maxtext_netdata.cli import signals
+from maxtext_netdata import signals
 
 signals.CLEANUP_GRACE_S = 1.0
 signals.on_forced_exit(lambda: print("hook ran", flush=True))
