@@ -191,10 +191,21 @@ def test_missing_maxtext_config_is_one_line_error(tmp_path):
   assert "MaxText config not found: configs/maxtext/nowhere.yml" in result.stderr
 
 
-def test_sigterm_during_a_training_run_ends_it_and_leaves_nothing(tmp_path, network, jax_cache):
+@pytest.mark.parametrize(
+  "to_group, signum, code, said",
+  [
+    (False, signal.SIGTERM, 128 + signal.SIGTERM, "terminated (SIGTERM)"),
+    (True, signal.SIGINT, 130, "interrupted"),
+  ],
+  ids=["sigterm-to-bench", "ctrl-c"],
+)
+def test_a_signal_during_a_training_run_ends_it_and_leaves_nothing(
+  tmp_path, network, jax_cache, to_group, signum, code, said
+):
   """The training runs are forked from bench's fork server, not bench's own children in the
-  way a subprocess is: SIGTERM to bench (alone, as Slurm sends it) must still end the run,
-  which closes its Grain workers, and the server; no process and no /dev/shm entry is left."""
+  way a subprocess is: SIGTERM to bench alone (as Slurm sends it) and Ctrl-C (SIGINT to the
+  terminal's process group, the server and the run included) must end the run, which closes
+  its Grain workers, and the server; no process and no /dev/shm entry is left."""
   report = tmp_path / "bench" / "report.json"
   argv = [sys.executable, "-m", "maxtext_netdata", "bench", "--maxtext", SMOKE, *TINY_MODEL]
   argv += [*network, f"base_output_directory={tmp_path}", f"--report={report}"]
@@ -208,9 +219,12 @@ def test_sigterm_during_a_training_run_ends_it_and_leaves_nothing(tmp_path, netw
       proc.kill()
       pytest.fail(f"no training run: {proc.communicate()[1][-2000:]}")
     time.sleep(0.1)
-  os.kill(proc.pid, signal.SIGTERM)
-  code, _, err = processes.finish(proc, shm, timeout=120)
-  assert code == 128 + signal.SIGTERM, err[-2000:]
-  assert "maxtext-netdata bench: terminated (SIGTERM)" in err
+  if to_group:
+    os.killpg(proc.pid, signum)
+  else:
+    os.kill(proc.pid, signum)
+  returncode, _, err = processes.finish(proc, shm, timeout=120)
+  assert returncode == code, err[-2000:]
+  assert f"maxtext-netdata bench: {said}" in err
   log = (tmp_path / "bench" / "real.log").read_text()
-  assert "maxtext_run: terminated (SIGTERM)" in log  # asked to end, not killed
+  assert f"maxtext_run: {said}" in log  # it ended by itself, not killed
