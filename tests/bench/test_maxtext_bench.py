@@ -210,6 +210,7 @@ def test_a_signal_during_a_training_run_ends_it_and_leaves_nothing(
   argv = [sys.executable, "-m", "maxtext_netdata", "bench", "--maxtext", SMOKE, *TINY_MODEL]
   argv += [*network, f"base_output_directory={tmp_path}", f"--report={report}"]
   argv += ["grain_worker_count=2", "num_epoch=-1", "--target-step-time=0.1", "--steps=100000"]
+  argv += ["--batches=3"]
   shm = set(os.listdir("/dev/shm"))
   proc = processes.start(argv, jax_cache.partition("=")[2])
   metrics = tmp_path / "bench" / "real.metrics.jsonl"
