@@ -3,9 +3,10 @@
 MaxText's trainer takes ~10 s to import on a 2-core VM (its model zoo, transformers,
 tokamax): more than a tiny model's whole run. bench runs two trainings (synthetic data, then
 the configured data) besides its own loading measurement, each in a fresh process; forked from
-a server that imported the trainer once, each starts at once. The import's chatter (stub notices, transformers' warnings)
-stays off the terminal, where bench's own import has printed it already; an import that fails
-here is left for the run itself, which imports again and says why in its log.
+a server that imported the trainer once, each starts at once. The import's chatter (stub
+notices, transformers' warnings) stays off the terminal, where bench's own import has printed
+it already; an import that fails here is left for the run itself, which imports again and
+says why in its log.
 """
 
 from __future__ import annotations
