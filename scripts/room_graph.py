@@ -136,7 +136,8 @@ def _node(room: str) -> str:
 
 
 def mermaid() -> str:
-  """The room map as a Mermaid flowchart, layer by layer, config, errors and signals left implicit."""
+  """The room map as a Mermaid flowchart, layer by layer; config, errors and signals (which
+  every room may import) left implicit."""
   edges = room_edges()
   everywhere = {"config", "errors", "signals"}
   lines = [
