@@ -55,6 +55,16 @@ class Terminated(KeyboardInterrupt):
   """
 
 
+def ended(program: str, error: KeyboardInterrupt) -> int:
+  """A run that Ctrl-C or SIGTERM ended: says so on stderr in one line (`PROGRAM: interrupted`,
+  `PROGRAM: terminated (SIGTERM)`) and returns the exit status a shell expects (130, 143)."""
+  if isinstance(error, Terminated):
+    print(f"{program}: terminated (SIGTERM)", file=sys.stderr)
+    return 128 + signal.SIGTERM
+  print(f"{program}: interrupted", file=sys.stderr)
+  return 128 + signal.SIGINT
+
+
 def on_forced_exit(hook: Callable[[], None]) -> None:
   """Registers `hook` to run (once, best effort) before a clean-up that outlived
   `CLEANUP_GRACE_S` ends the process."""

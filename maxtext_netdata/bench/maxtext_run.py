@@ -21,7 +21,6 @@ import functools
 import importlib
 import importlib.util
 import os
-import signal
 import sys
 import time
 
@@ -140,12 +139,8 @@ def run_logged(argv: list[str], log: str, environment: dict[str, str]) -> None:
     signals.on_forced_exit(plugin.close_iterators)
     with signals.as_exceptions():
       code = main(argv)
-  except signals.Terminated:
-    print("maxtext_run: terminated (SIGTERM)", file=sys.stderr)
-    code = 128 + signal.SIGTERM
-  except KeyboardInterrupt:
-    print("maxtext_run: interrupted", file=sys.stderr)
-    code = 130
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as signals.Terminated
+    code = signals.ended("maxtext_run", e)
   finally:
     atexit._run_exitfuncs()  # noqa: SLF001 - what the interpreter's exit would have run
     sys.stdout.flush()

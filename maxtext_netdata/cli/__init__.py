@@ -20,7 +20,6 @@ import errno
 import importlib
 import importlib.metadata
 import os
-import signal
 import sys
 from typing import NamedTuple
 
@@ -175,12 +174,8 @@ def main(argv: list[str] | None = None) -> int:
       raise
     print(f"maxtext-netdata {args.command}: error: {_write_failure_line(e)}", file=sys.stderr)
     return 2
-  except signals.Terminated:
-    print(f"maxtext-netdata {args.command}: terminated (SIGTERM)", file=sys.stderr)
-    return 128 + signal.SIGTERM
-  except KeyboardInterrupt:
-    print(f"maxtext-netdata {args.command}: interrupted", file=sys.stderr)
-    return 130
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as signals.Terminated
+    return signals.ended(f"maxtext-netdata {args.command}", e)
 
 
 if __name__ == "__main__":
