@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -120,31 +121,41 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def run_logged(argv: list[str], log: str, environment: dict[str, str]) -> None:
-  """`main(argv)` in a process forked from bench's fork server, as `python -m
-  maxtext_netdata.bench.maxtext_run ARGV > LOG 2>&1` would run it in bench's `environment`:
-  its exit status main's, the exit handlers run at the end (a forked process skips them).
-  SIGTERM and Ctrl-C unwind the run as they do `maxtext-train`, closing its Grain workers."""
+@contextlib.contextmanager
+def logged(log: str, environment: dict[str, str]):
+  """Within: this forked process as a program started in `environment` with its output
+  (file descriptors 1 and 2, so C code's writes too) to `log`; at the end the exit handlers
+  run, as an interpreter's exit would run them (a forked process skips them)."""
   os.environ.clear()
   os.environ.update(environment)
   fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
   os.dup2(fd, 1)
   os.dup2(fd, 2)
   os.close(fd)
-  from maxtext_netdata import signals
-  from maxtext_netdata.maxtext import plugin
-
-  code = 1
   try:
-    signals.on_forced_exit(plugin.close_iterators)
-    with signals.as_exceptions():
-      code = main(argv)
-  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as signals.Terminated
-    code = signals.ended("maxtext_run", e)
+    yield
   finally:
     atexit._run_exitfuncs()  # noqa: SLF001 - what the interpreter's exit would have run
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def run_logged(argv: list[str], log: str, environment: dict[str, str]) -> None:
+  """`main(argv)` in a process forked from bench's fork server, as `python -m
+  maxtext_netdata.bench.maxtext_run ARGV > LOG 2>&1` would run it in bench's `environment`
+  (`logged`): its exit status main's. SIGTERM and Ctrl-C unwind the run as they do
+  `maxtext-train`, closing its Grain workers."""
+  code = 1
+  with logged(log, environment):
+    from maxtext_netdata import signals
+    from maxtext_netdata.maxtext import plugin
+
+    try:
+      signals.on_forced_exit(plugin.close_iterators)
+      with signals.as_exceptions():
+        code = main(argv)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as signals.Terminated
+      code = signals.ended("maxtext_run", e)
   sys.exit(code)
 
 

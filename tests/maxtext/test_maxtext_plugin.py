@@ -1,7 +1,9 @@
 """Real MaxText trains on `dataset_type=network_grain` through the plugin (CPU, tiny model).
 
-The training tests run `python -m maxtext_netdata.maxtext.train` (MaxText's own trainer) in
-subprocesses; the config tests call MaxText's `pyconfig` in-process.
+The training tests run MaxText's own trainer as `maxtext-netdata maxtext-train` runs it: forked
+from a server that imported it once (tests/helpers/maxtext_runs.py) where a test looks at what
+the runs trained, as the command itself (`python -m maxtext_netdata.maxtext.train`) where it
+looks at how the command ends; the config tests call MaxText's `pyconfig` in-process.
 """
 
 import asyncio
@@ -21,6 +23,7 @@ import types
 import numpy as np
 import pytest
 
+from tests.helpers import maxtext_runs
 from tests.helpers.maxtext import SMOKE, TINY_MODEL
 
 pytest.importorskip("maxtext", reason="MaxText is not installed (pip install '.[maxtext]')")
@@ -63,13 +66,10 @@ def coordinator_port():
     yield
 
 
-def _train_argv(out, run_name: str, jax_cache: str, *overrides: str) -> list[str]:
-  """MaxText's trainer through the plugin on the tiny smoke model, writing under `out`;
-  `overrides` come last, so they win over the tiny model's."""
+def _train_args(out, run_name: str, jax_cache: str, *overrides: str) -> list[str]:
+  """`maxtext-train`'s arguments for MaxText's trainer through the plugin on the tiny smoke
+  model, writing under `out`; `overrides` come last, so they win over the tiny model's."""
   return [
-    sys.executable,
-    "-m",
-    "maxtext_netdata.maxtext.train",
     SMOKE,
     f"base_output_directory={out}",
     f"run_name={run_name}",
@@ -79,15 +79,29 @@ def _train_argv(out, run_name: str, jax_cache: str, *overrides: str) -> list[str
   ]
 
 
-def _train(out, run_name, overrides, jax_cache) -> tuple[subprocess.CompletedProcess, list[dict]]:
-  """One MaxText training run; its per-step metrics (MaxText's `metrics_file`)."""
+def _train_argv(out, run_name: str, jax_cache: str, *overrides: str) -> list[str]:
+  """The command `python -m maxtext_netdata.maxtext.train` with `_train_args`."""
+  return [
+    sys.executable,
+    "-m",
+    "maxtext_netdata.maxtext.train",
+    *_train_args(out, run_name, jax_cache, *overrides),
+  ]
+
+
+def _train(out, run_name, overrides, jax_cache) -> tuple[str, list[dict]]:
+  """One MaxText training run, forked with MaxText imported (tests/helpers/maxtext_runs.py):
+  its output and its per-step metrics (MaxText's `metrics_file`)."""
   metrics_file = os.path.join(out, f"{run_name}-{len(os.listdir(out))}.jsonl")
-  argv = _train_argv(out, run_name, jax_cache, f"metrics_file={metrics_file}", *overrides)
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=400)
-  assert result.returncode == 0, result.stderr[-4000:]
+  args = _train_args(out, run_name, jax_cache, f"metrics_file={metrics_file}", *overrides)
+  log = f"{metrics_file}.log"
+  run = maxtext_runs.start(args, dict(os.environ, JAX_PLATFORMS="cpu"), log)
+  code = maxtext_runs.finish(run, 400, log)
+  with open(log, encoding="utf-8", errors="replace") as f:
+    output = f.read()
+  assert code == 0, output[-4000:]
   with open(metrics_file, encoding="utf-8") as f:
-    return result, [json.loads(line) for line in f]
+    return output, [json.loads(line) for line in f]
 
 
 def _iter_state(out, run_name, step) -> dict:
@@ -120,7 +134,7 @@ def test_resume_from_maxtext_checkpoint_continues_the_data_exactly(
 
   assert [m["step"] for m in first] == [0, 1, 2]
   assert [m["step"] for m in resumed] == [3, 4, 5]
-  assert "restoring from this run's directory step 2" in resumed_run.stderr
+  assert "restoring from this run's directory step 2" in resumed_run
   for key in ("learning/loss", "learning/padding_fraction", "learning/total_weights"):
     assert [m[key] for m in first + resumed] == [m[key] for m in whole], key
   # MaxText saved our data position with each checkpoint: after 3 and after 6 batches.
@@ -157,7 +171,7 @@ def test_synthetic_still_trains_with_the_plugin(tmp_path, jax_cache):
   assert [m["step"] for m in metrics] == [0, 1, 2]
   assert all(math.isfinite(m["learning/loss"]) for m in metrics)
   assert not any("perf/data_wait_seconds" in m for m in metrics)
-  assert "completed step: 2" in result.stderr
+  assert "completed step: 2" in result
 
 
 def test_maxtext_config_admits_network_grain_and_network_keys(data_overrides):
@@ -393,7 +407,7 @@ def _train_processes(out, run_name, num_processes, overrides, jax_cache) -> list
   A process left in a collective by a failed peer is killed with its session at the timeout.
   """
   metrics = os.path.join(out, f"{run_name}-{len(os.listdir(out))}")
-  common = _train_argv(
+  common = _train_args(
     out, run_name, jax_cache, f"skip_jax_distributed_system={num_processes == 1}", *overrides
   )
   env = dict(
@@ -411,33 +425,24 @@ def _train_processes(out, run_name, num_processes, overrides, jax_cache) -> list
       PROCESSES_IN_JOB=str(num_processes),
       JAX_PROCESS_COUNT=str(num_processes),
     )
-  logs = [open(f"{metrics}-{i}.log", "w+", encoding="utf-8") for i in range(num_processes)]
-  procs = [
-    subprocess.Popen(
-      [*common, f"metrics_file={metrics}-{i}.jsonl"],
-      env=dict(env, JOB_COMPLETION_INDEX=str(i)),
-      stdout=subprocess.DEVNULL,
-      stderr=log,  # a file: a pipe nobody reads while waiting for another process fills up
-      start_new_session=True,
+  logs = [f"{metrics}-{i}.log" for i in range(num_processes)]
+  runs = [
+    maxtext_runs.start(
+      [*common, f"metrics_file={metrics}-{i}.jsonl"], dict(env, JOB_COMPLETION_INDEX=str(i)), log
     )
     for i, log in enumerate(logs)
   ]
   try:
-    from tests.helpers import processes as process_helpers  # noqa: PLC0415
-
-    for proc, log in zip(procs, logs, strict=True):
-      process_helpers.communicate_or_fail(proc, 300, log.name)
+    codes = [maxtext_runs.finish(run, 300, log) for run, log in zip(runs, logs, strict=True)]
   finally:
-    for proc in procs:
-      if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-  for proc, log in zip(procs, logs, strict=True):
-    log.seek(0)
-    # absl's INFO and WARNING lines left out: MaxText logs ~1000 of them, the error is among the rest.
-    err = "".join(line for line in log if not re.match(r"[IW]\d{4} ", line))
-    log.close()
-    assert proc.returncode == 0, err[-4000:]
+    for run in runs:
+      if run.exitcode is None:
+        maxtext_runs.kill(run)
+  for code, log in zip(codes, logs, strict=True):
+    with open(log, encoding="utf-8", errors="replace") as f:
+      # absl's INFO and WARNING lines left out: MaxText logs ~1000, the error is among the rest.
+      err = "".join(line for line in f if not re.match(r"[IW]\d{4} ", line))
+    assert code == 0, err[-4000:]
     assert "Training stopped" not in err, err[-4000:]
   with open(f"{metrics}-0.jsonl", encoding="utf-8") as f:
     return [json.loads(line) for line in f]
@@ -579,7 +584,7 @@ def test_sigterm_with_jax_distributed_saves_and_leaves_nothing(
     [*data_overrides, f"steps={saved + 3}", "grain_worker_count=0", "checkpoint_period=1000"],
     jax_cache,
   )
-  assert f"restoring from this run's directory step {saved}" in resumed_run.stderr
+  assert f"restoring from this run's directory step {saved}" in resumed_run
   assert [m["step"] for m in resumed] == [saved + 1, saved + 2]
 
 
