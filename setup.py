@@ -40,7 +40,7 @@ EXTRAS_REQUIRE = {
   "test": [
     "pytest>=8,<10",
     "pytest-timeout>=2.3,<3",
-    # scripts/test.sh runs the suite on two worker processes (NETDATA_TEST_WORKERS).
+    # scripts/test.sh runs the suite on three worker processes (NETDATA_TEST_WORKERS).
     "pytest-xdist>=3.6,<4",
     "moto[server]>=5,<6",
     "boto3>=1.35,<2",
