@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bench_e2e  # noqa: E402
 
 from maxtext_netdata import config as config_lib  # noqa: E402
+from maxtext_netdata.bench import loading  # noqa: E402
 from maxtext_netdata.format import tokens as tk  # noqa: E402
 from maxtext_netdata.input_pipeline import (  # noqa: E402
   batch_kernel_loading,
@@ -93,14 +94,9 @@ def first_call(store_path: str, cache_dir: str, then: str = "") -> tuple[float, 
 
 
 def cpu_seconds(process: psutil.Process) -> float:
-  """CPU seconds of `process` and all its live children."""
-  total = sum(process.cpu_times()[:2])
-  for child in process.children(recursive=True):
-    try:
-      total += sum(child.cpu_times()[:2])
-    except psutil.NoSuchProcess:
-      pass
-  return total
+  """CPU seconds of `process` and all its live children (`loading.process_cpu_seconds`)."""
+  processes = [process, *process.children(recursive=True)]
+  return sum(filter(None, map(loading.process_cpu_seconds, processes)))
 
 
 def real_tokens(builder: BatchBuilder, rows: int, steps: range) -> int:

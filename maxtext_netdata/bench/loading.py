@@ -6,6 +6,7 @@ hand them to `time_loading`, so the two loading figures of a report are measured
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 
@@ -124,11 +125,36 @@ def _cpu_seconds(before: dict[int, float] | None = None) -> dict[int, float] | f
   processes = [psutil.Process()]
   processes += processes[0].children(recursive=True)
   for p in processes:
-    try:
-      times = p.cpu_times()
-    except psutil.Error:
-      continue
-    now[p.pid] = times.user + times.system
+    seconds = process_cpu_seconds(p)
+    if seconds is not None:
+      now[p.pid] = seconds
   if before is None:
     return now
   return sum(seconds - before.get(pid, 0.0) for pid, seconds in now.items())
+
+
+# Linux's encoding of a process's CPU-time clock, as glibc's `clock_getcpuclockid` makes it:
+# (~pid << 3) | CPUCLOCK_SCHED.
+_CPUCLOCK_SCHED = 2
+
+
+def process_cpu_seconds(process: psutil.Process) -> float | None:
+  """The CPU seconds `process` has used (every thread's, ended threads' too), None once it
+  has ended.
+
+  On Linux read from the process's CPU-time clock (`clock_gettime` on the clock
+  `clock_getcpuclockid` names: nanoseconds) rather than psutil's `cpu_times`, which the kernel
+  counts in scheduler ticks (10 ms): bench times 100 batches of a loader that makes one in
+  0.6 ms on an H200's host, a 60 ms window that ticks misstate by up to a third, and with it
+  the tokens per core. Elsewhere psutil's figures.
+  """
+  if sys.platform == "linux":
+    try:
+      return time.clock_gettime((~process.pid << 3) | _CPUCLOCK_SCHED)
+    except OSError:  # ended (EINVAL)
+      return None
+  try:
+    times = process.cpu_times()
+  except psutil.Error:
+    return None
+  return times.user + times.system

@@ -8,10 +8,11 @@ import os
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from maxtext_netdata import config
-from maxtext_netdata.bench import accelerators, render
+from maxtext_netdata.bench import accelerators, loading, render
 from maxtext_netdata.bench import report as bench_report
 
 
@@ -115,6 +116,41 @@ def test_loading_summary_figures():
   assert s["cpu_cores_busy"] == pytest.approx(2.0)
   assert s["real_tokens_per_s_per_core"] == pytest.approx(1500)
   assert s["padding_share"] == pytest.approx(0.25)
+
+
+# A worker that burns CPU for as long as it is told, then prints its own count of what it burnt.
+_BURNER = """
+import sys, time
+print("ready", flush=True)
+for line in sys.stdin:
+  start = time.process_time()
+  while time.process_time() - start < float(line):
+    pass
+  print(time.process_time() - start, flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the CPU-time clock read is Linux's")
+def test_a_workers_cpu_time_is_counted_to_the_millisecond():
+  """bench's cores-busy and tokens-per-core figures divide by the CPU time of the loader and
+  its workers over the timed batches, tens of milliseconds on a fast host: counted in the
+  kernel's scheduler ticks (psutil's `cpu_times`, 10 ms) a worker's 35 ms would read 30 or 40."""
+  worker = subprocess.Popen(
+    [sys.executable, "-c", _BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+  )
+  process = psutil.Process(worker.pid)
+  try:
+    assert worker.stdout.readline() == "ready\n"  # its start-up done
+    for seconds in (0.035, 0.012):
+      before = loading.process_cpu_seconds(process)
+      worker.stdin.write(f"{seconds}\n")
+      worker.stdin.flush()
+      burnt = float(worker.stdout.readline())
+      assert loading.process_cpu_seconds(process) - before == pytest.approx(burnt, abs=0.002)
+  finally:
+    worker.stdin.close()
+    worker.wait(timeout=60)
+  assert loading.process_cpu_seconds(process) is None  # ended
 
 
 def test_accelerator_estimate_for_latency_network_on_h100():
