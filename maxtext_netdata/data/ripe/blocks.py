@@ -102,7 +102,7 @@ def _plain_line_blocks(uri: str, raw, block_bytes: int, progress, remap=None):
           raw.seek(position)
         piece = raw.read_buffer(size)
       except (OSError, pa.ArrowException) as e:
-        raise DataError(f"{uri}: read error after line {line - 1} ({e})") from None
+        raise DataError(f"{uri}: read error {_after(line)} ({e})") from None
       if len(piece) == 0:
         return
       data = piece
@@ -170,7 +170,7 @@ def iter_blocks(
         piece = next(pieces)
       except (OSError, pa.ArrowException) as e:
         what = f"corrupt or truncated {codec} data" if codec else "read error"
-        raise DataError(f"{entry.uri}: {what} after line {line - 1} ({e})") from None
+        raise DataError(f"{entry.uri}: {what} {_after(line)} ({e})") from None
       last = not piece
       if array is None and (piece.lstrip() or last):
         array = (carry + piece).lstrip()[:1] == b"["
@@ -203,3 +203,8 @@ def iter_blocks(
     if codec:
       stream.close()
     raw.close()
+
+
+def _after(line: int) -> str:
+  """Where a read broke off, for its error: after the last whole line read, `line - 1`."""
+  return "before its first line" if line <= 1 else f"after line {line - 1}"
