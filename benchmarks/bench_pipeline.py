@@ -35,7 +35,6 @@ import time
 import grain
 import jax
 import numpy as np
-import psutil
 from absl import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,12 +90,6 @@ def first_call(store_path: str, cache_dir: str, then: str = "") -> tuple[float, 
     check=True,
   ).stdout.split()
   return float(out[0]), float(out[1]), float(out[2])
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-  """CPU seconds of `process` and all its live children (`loading.process_cpu_seconds`)."""
-  processes = [process, *process.children(recursive=True)]
-  return sum(filter(None, map(loading.process_cpu_seconds, processes)))
 
 
 def real_tokens(builder: BatchBuilder, rows: int, steps: range) -> int:
@@ -158,7 +151,6 @@ def with_workers(config, store, rows: int, batches: int, sharding, shift_in_work
     )
   )
   shift_map = transforms.ShiftData()  # as make_iterator places it: targets in reused buffers
-  me = psutil.Process()
   start = time.perf_counter()
   iterator = iter(dataset)
   try:  # the workers and their shared memory end whatever happens
@@ -170,7 +162,7 @@ def with_workers(config, store, rows: int, batches: int, sharding, shift_in_work
     for _ in range(3):  # let the workers' buffers fill as in steady state
       next(iterator)
     wait = shift = device = 0.0
-    wall0, cpu0, main0 = time.perf_counter(), cpu_seconds(me), time.process_time()
+    wall0, cpu0, main0 = time.perf_counter(), loading.cpu_seconds(), time.process_time()
     for _ in range(batches):
       t0 = time.perf_counter()
       host = next(iterator)
@@ -182,7 +174,7 @@ def with_workers(config, store, rows: int, batches: int, sharding, shift_in_work
       t3 = time.perf_counter()
       wait, shift, device = wait + t1 - t0, shift + t2 - t1, device + t3 - t2
     wall = time.perf_counter() - wall0
-    cpu = cpu_seconds(me) - cpu0
+    cpu = loading.cpu_seconds(cpu0)
     main = time.process_time() - main0
   finally:
     iterator.close()

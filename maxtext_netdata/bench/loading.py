@@ -53,7 +53,7 @@ def time_loading(
       _next_batch(train_iter, i + 1, ran_out_hint)
     if ready is not None:
       ready()
-    cpu_before = _cpu_seconds()
+    cpu_before = cpu_seconds()
     times, real_tokens, slot_tokens = [], 0, 0
     start = time.perf_counter()
     for i in tqdm(range(batches), desc="loading alone", unit="batch", leave=False, disable=None):
@@ -64,13 +64,13 @@ def time_loading(
         real_tokens += int(np.count_nonzero(shard.data))
         slot_tokens += shard.data.size
     elapsed = time.perf_counter() - start
-    cpu_seconds = _cpu_seconds(cpu_before)
+    cpu_used = cpu_seconds(cpu_before)
   finally:
     for iterator in (train_iter, eval_iter):
       if iterator is not None:
         close(iterator)
   return bench_report.loading_summary(
-    times, first_batch_s, elapsed, real_tokens, slot_tokens, cpu_seconds, workers
+    times, first_batch_s, elapsed, real_tokens, slot_tokens, cpu_used, workers
   )
 
 
@@ -119,8 +119,9 @@ def _next_batch(iterator, index: int, ran_out_hint: str):
     raise ConfigError(f"the training data ran out after {index} batches{ran_out_hint}") from None
 
 
-def _cpu_seconds(before: dict[int, float] | None = None) -> dict[int, float] | float:
-  """CPU seconds per process of this one and its workers; with `before`, the total since."""
+def cpu_seconds(before: dict[int, float] | None = None) -> dict[int, float] | float:
+  """CPU seconds per process of this one and its workers (`process_cpu_seconds`); with
+  `before`, what they have used since, in all."""
   now = {}
   processes = [psutil.Process()]
   processes += processes[0].children(recursive=True)
