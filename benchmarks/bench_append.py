@@ -1,13 +1,15 @@
-"""Benchmark of appending new files to a prepared store, against a full build of all of them.
+"""Benchmark of updating a prepared store (a new day appended; a window rolled by a day),
+against full builds of the same files.
 
     python benchmarks/bench_append.py [--rows 8000000] [--days 8] [--data DIR] [--keep DIR]
 
 Generates `--rows` raw rows as `--days` time-ordered files (reused from `--data` when already
 there), prepares all but the last, then, each in a fresh process (so that its peak RSS is its
-own): the last day appended to that store, and all days prepared in full. Prints both
-commands' wall time and peak RSS, the append's split into reading the new day and merging,
-the merge's speed in rows/s and MB/s of store written, and, as the floor for a merge that
-writes the whole store again, a plain copy of the base store's files in the same run.
+own): the window rolled by a day (the first day removed and the last added, in one prepare
+from that store), the last day appended to that store, and both file sets prepared in full.
+Prints each command's wall time and peak RSS, the updates' split into reading the new day and
+merging, the merge's speed in rows/s and MB/s of store written, and, as the floor for a merge
+that writes the whole store again, a plain copy of the base store's files in the same run.
 """
 
 from __future__ import annotations
@@ -69,8 +71,10 @@ def main() -> None:
     files = generate(data, rows=args.rows, shards=args.days, seed=0, progress=True)
   try:
     base, _ = _prepare(files[:-1], os.path.join(work, "inc"))
+    rolled, rolled_s = _prepare(files[1:], os.path.join(work, "inc"))
     appended, append_s = _prepare(files, os.path.join(work, "inc"))
     full, full_s = _prepare(files, os.path.join(work, "full"))
+    full_rolled, full_rolled_s = _prepare(files[1:], os.path.join(work, "full_rolled"))
     copy_dir = os.path.join(work, "copy")
     start = time.perf_counter()
     shutil.copytree(base["path"], copy_dir)
@@ -101,6 +105,21 @@ def main() -> None:
     print(f"full / append   {full['seconds'] / appended['seconds']:.2f}x (time in prepare)")
     same = appended["fingerprint"] == full["fingerprint"]
     print(f"same store      {same} (fingerprint {full['fingerprint']})")
+    removed = rolled["removed"]
+    print(
+      f"window rolled   {rolled_s:.2f} s ({rolled['seconds']:.2f} s in prepare: the new day"
+      f" {rolled['seconds'] - removed['merge_seconds']:.2f} s, the merge with the first day's"
+      f" {removed['rows']:,} rows left out {removed['merge_seconds']:.2f} s),"
+      f" peak RSS {rolled['peak_rss_bytes'] / mib:,.0f} MiB"
+    )
+    print(
+      f"its full build  {full_rolled_s:.2f} s ({full_rolled['seconds']:.2f} s in prepare),"
+      f" peak RSS {full_rolled['peak_rss_bytes'] / mib:,.0f} MiB"
+    )
+    ratio = full_rolled["seconds"] / rolled["seconds"]
+    print(f"full / rolled   {ratio:.2f}x (time in prepare)")
+    same = rolled["fingerprint"] == full_rolled["fingerprint"]
+    print(f"same store      {same} (fingerprint {full_rolled['fingerprint']})")
   finally:
     if not args.keep:
       shutil.rmtree(work, ignore_errors=True)

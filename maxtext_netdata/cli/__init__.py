@@ -54,7 +54,7 @@ COMMANDS = {
   ),
   "prepare": Command(
     "maxtext_netdata.data.prepare.prepare",
-    "raw parquet -> the prepared store (cached; new files appended)",
+    "raw parquet -> the prepared store (cached; new files appended, old days removed)",
     "maxtext_netdata.data.prepare.arguments:prepare",
   ),
   "tokenize": Command(

@@ -1,4 +1,5 @@
-"""Appending new raw files to a prepared store: only the new files are read and sorted.
+"""Updating a prepared store: new raw files appended (only they are read and sorted), files
+no longer listed taken out (none read).
 
 RIPE's dumps arrive a day at a time, and a month of them is ~35 billion rows: preparing the
 whole month again for each new day would read every earlier day again. When a complete
@@ -20,7 +21,13 @@ bucket's rows (plus one probe), each read from the two stores with plain reads (
 map: mapped pages would count in this process's memory) and written through a memory map
 of the new split's files (`assemble.SplitWriter`).
 
-Only a split that follows from each probe alone can be appended: `network_split: probe`, or
+A store whose files are not all listed any more (the oldest day of a rolling window) is a
+base too when the rows of the files leaving lie apart in time from the others' rows
+(`removal_window`, from each file's first and last second in the summary): the merge then
+reads only the base's rows within the kept files' first and last second, each probe's one
+run (`_Source`'s window), which are exactly the kept files' rows.
+
+Only a split that follows from each probe alone can be updated: `network_split: probe`, or
 no test split at all (eval files given, or `network_test_fraction: 0`). With
 `network_split: time` the cutoff moves with every new row, so the store is built in full.
 """
@@ -46,11 +53,15 @@ from maxtext_netdata.errors import WritesTo
 
 @dataclasses.dataclass
 class Base:
-  """A complete store whose train files are a part of the current ones."""
+  """A complete store that holds some of the current train files: `new_files` are to be
+  added to it; `removed` (entries) are its files no longer listed, whose rows are exactly
+  those outside `window`, the first and last second of the rows it keeps."""
 
   root: str
   summary: dict
   new_files: list[remote.FileEntry]
+  removed: list[list] = dataclasses.field(default_factory=list)
+  window: tuple[int, int] | None = None
 
 
 def entries(files: list[remote.FileEntry]) -> list[list]:
@@ -84,24 +95,64 @@ def find_base(
   prepared_dir: str, content_key: str, train_files: list[remote.FileEntry]
 ) -> Base | None:
   """The complete store in `prepared_dir` of `content_key` with the most of `train_files`
-  (and no other file), or None."""
+  (the fewest files to remove on a tie), or None. A store holding files no longer listed
+  qualifies only when their rows can be told apart by time (`removal_window`)."""
   current = {tuple(e) for e in entries(train_files)}
-  best = None
+  best, best_rank = None, None
   for root, held, summary in _stores(prepared_dir, content_key):
-    if held < current and (best is None or len(held) > len(best[1])):
-      best = (root, held, summary)
-  if best is None:
-    return None
-  root, held, summary = best
-  new = [f for f in train_files if tuple(dataclasses.astuple(f)) not in held]
-  return Base(root=root, summary=summary, new_files=new)
+    kept, removed = held & current, held - current
+    if not kept or held == current:
+      continue
+    window = removal_window(summary, removed) if removed else None
+    if removed and window is None:
+      continue
+    rank = (len(kept), -len(removed))
+    if best is None or rank > best_rank:
+      best_rank = rank
+      new = [f for f in train_files if tuple(dataclasses.astuple(f)) not in held]
+      gone = [list(e) for e in summary["train_file_entries"] if tuple(e) in removed]
+      best = Base(root=root, summary=summary, new_files=new, removed=gone, window=window)
+  return best
 
 
-def superseded(prepared_dir: str, content_key: str, train_files: list[remote.FileEntry]) -> list:
+def removal_window(summary: dict, removed: set) -> tuple[int, int] | None:
+  """(first, last) second of the rows of the store's files other than `removed`, when every
+  row of the `removed` files lies outside it, before or after; else None.
+
+  From each file's first and last second (`reader.FileReport`, kept in the summary since
+  stores kept them): the rows outside the window are then exactly the removed files' rows,
+  so keeping the window's rows gives the store of the other files, byte for byte. Daily dumps
+  leaving a rolling window are the case this serves; files whose times interleave with the
+  rest (a day from the middle) are built in full.
+  """
+  reports = summary.get("train_file_reports")
+  if reports is None:
+    return None  # a store from before the files' times were kept
+  gone, kept = [], []
+  for entry, report in zip(summary["train_file_entries"], reports, strict=True):
+    first, last = report[2], report[3]
+    if first is not None:
+      (gone if tuple(entry) in removed else kept).append((first, last))
+  if not kept:
+    return None  # nothing of the store stays: a build of the new files is the whole work
+  low, high = min(f for f, _ in kept), max(t for _, t in kept)
+  if all(last < low or first > high for first, last in gone):
+    return low, high
+  return None
+
+
+def superseded(
+  prepared_dir: str, content_key: str, train_files: list[remote.FileEntry], base: str = ""
+) -> list:
   """The complete stores in `prepared_dir` that the store of `train_files` supersedes: of
-  the same content key, each holding a part of these files and no other file."""
+  the same content key, each holding a part of these files and no other file, and `base`,
+  the store it was made from (which may hold files no longer listed)."""
   current = {tuple(e) for e in entries(train_files)}
-  return [root for root, held, _ in _stores(prepared_dir, content_key) if held < current]
+  return [
+    root
+    for root, held, _ in _stores(prepared_dir, content_key)
+    if held < current or (base and os.path.abspath(root) == os.path.abspath(base))
+  ]
 
 
 def remove_store(root: str) -> int:
@@ -120,10 +171,15 @@ def remove_store(root: str) -> int:
   return size
 
 
-def merge_split(base: str, delta: str, out: str, meta: dict, *, batch_rows: int, bar=None) -> dict:
-  """Write split folder `out` holding the rows of split folders `base` and `delta`, in store
-  order; its counts ({"rows", "probes", "failed"}). Either folder may be absent (no rows)."""
-  sources = [_Source(path) for path in (base, delta) if os.path.isdir(path)]
+def merge_split(
+  base: str, delta: str, out: str, meta: dict, *, batch_rows: int, bar=None, window=None
+) -> dict:
+  """Write split folder `out` holding the rows of split folders `base` (those within
+  `window`, first and last second, when given) and `delta`, in store order; its counts
+  ({"rows", "probes", "failed"}). Either folder may be absent (no rows)."""
+  sources = [
+    _Source(path, window if path == base else None) for path in (base, delta) if os.path.isdir(path)
+  ]
   try:
     hashed = any(s.hashed for s in sources)
     names = [n for n in store.ROW_ARRAYS if hashed or n != "hashed_order"]
@@ -183,24 +239,35 @@ def merge_bar(rows: int, progress: bool):
 
 
 class _Source:
-  """One split folder being merged: its probes in memory, its rows read as needed.
+  """One split folder being merged: its probes in memory, its rows read as needed; with a
+  `window` (first, last second), only each probe's rows within it, and only the probes with
+  such rows. Probe p's rows are [starts[p], starts[p] + sizes[p]).
 
   The row files are opened once, so a store removed meanwhile (a forced rebuild of the
   base) is still read whole: its files live until closed.
   """
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, window: tuple[int, int] | None = None):
     split = store.PreparedStore(path)
-    self.path, self.num_rows = path, split.num_rows
+    self.path = path
     self.hashed = bool(split.meta.get("hashed_order"))
-    self.offsets = np.array(split.probe_offsets)
-    self.keys = probe_hash.probe_keys(np.array(split.probe_version), np.array(split.probe_src))
+    offsets = np.array(split.probe_offsets)
+    self.starts, stops = offsets[:-1], offsets[1:]
+    keys = probe_hash.probe_keys(np.array(split.probe_version), np.array(split.probe_src))
+    if window is not None:
+      # A probe's rows are in time order: its rows in the window are one run.
+      self.starts = _search(split.seconds, self.starts, stops, window[0], right=False)
+      stops = _search(split.seconds, self.starts, stops, window[1], right=True)
+      present = stops > self.starts
+      self.starts, stops, keys = self.starts[present], stops[present], keys[present]
+    self.sizes = stops - self.starts
+    self.num_rows = int(self.sizes.sum())
+    self.keys = keys
     self.hashes = probes.probe_hashes(self.keys)
-    sizes = np.diff(self.offsets)
-    assert (sizes > 0).all(), path
+    assert (self.sizes > 0).all(), path
     # Each probe's first and last second: a few pages of the map, unmapped at once.
-    self.first = np.array(split.seconds[self.offsets[:-1]])
-    self.last = np.array(split.seconds[self.offsets[1:] - 1])
+    self.first = np.array(split.seconds[self.starts])
+    self.last = np.array(split.seconds[stops - 1])
     self.files = {}
     for name in store.ROW_ARRAYS:
       array = getattr(split, name)  # checked for dtype and shape
@@ -218,13 +285,17 @@ class _Source:
 
   def chunk(self, lo: int, hi: int, names: list[str]) -> partition.Chunk:
     """Probes [lo, hi) with their rows, as a `partition.Chunk`."""
-    start, stop = int(self.offsets[lo]), int(self.offsets[hi])
+    runs = _joined((int(self.starts[p]), int(self.sizes[p])) for p in range(lo, hi))
+    rows = int(self.sizes[lo:hi].sum())
     columns = {}
     for name in names:
       dtype, tail = store.ROW_ARRAYS[name]
-      columns[name] = np.empty((stop - start, *tail), dtype)
-      self.read_into(name, start, columns[name])
-    probe = np.repeat(np.arange(hi - lo, dtype=np.int32), np.diff(self.offsets[lo : hi + 1]))
+      columns[name] = np.empty((rows, *tail), dtype)
+      at = 0
+      for start, n in runs:
+        self.read_into(name, start, columns[name][at : at + n])
+        at += n
+    probe = np.repeat(np.arange(hi - lo, dtype=np.int32), self.sizes[lo:hi])
     return partition.Chunk(self.keys[lo:hi], self.hashes[lo:hi], probe, columns)
 
   def close(self) -> None:
@@ -257,7 +328,7 @@ class _Union:
     for i, s in enumerate(sources):
       there = self.index[:, i] >= 0
       probe = self.index[there, i]
-      self.rows[there, i] = np.diff(s.offsets)[probe]
+      self.rows[there, i] = s.sizes[probe]
       first[there, i], last[there, i] = s.first[probe], s.last[probe]
     # Sources by their first second: apart when each one's last comes before the next's first.
     self.by_time = np.argsort(first, axis=1, kind="stable")
@@ -285,7 +356,7 @@ class _Union:
         p = self.index[g, i]
         if p < 0:
           continue
-        start, n = int(self.sources[i].offsets[p]), int(self.rows[g, i])
+        start, n = int(self.sources[i].starts[p]), int(self.rows[g, i])
         if out and out[-1][0] == i and out[-1][1] + out[-1][2] == start:
           out[-1] = (i, out[-1][1], out[-1][2] + n)
         else:
@@ -309,3 +380,30 @@ def _copy_segments(sources, segments, name: str, out: np.ndarray) -> None:
     sources[i].read_into(name, start, out[at : at + n])
     at += n
   assert at == len(out), (at, len(out))
+
+
+def _joined(runs) -> list[tuple[int, int]]:
+  """(start, rows) runs with each run that starts where the one before ends joined to it."""
+  out = []
+  for start, n in runs:
+    if out and out[-1][0] + out[-1][1] == start:
+      out[-1] = (out[-1][0], out[-1][1] + n)
+    else:
+      out.append((start, n))
+  return out
+
+
+def _search(seconds, lo: np.ndarray, hi: np.ndarray, value: int, *, right: bool) -> np.ndarray:
+  """For each range [lo[p], hi[p]) of non-decreasing `seconds` (a memory map: only the rows
+  looked at are read), the first row whose second is >= `value` (> `value` if `right`):
+  a binary search in all ranges at once, ~log2(rows) reads of one row per range."""
+  lo, hi = lo.copy(), hi.copy()
+  while True:
+    active = np.flatnonzero(lo < hi)
+    if not len(active):
+      return lo
+    mid = (lo[active] + hi[active]) // 2
+    at = np.asarray(seconds[mid])
+    below = at <= value if right else at < value
+    lo[active[below]] = mid[below] + 1
+    hi[active[~below]] = mid[~below]

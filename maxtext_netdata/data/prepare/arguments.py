@@ -13,13 +13,15 @@ def prepare(parser) -> None:
   parser.add_argument(
     "--force",
     action="store_true",
-    help="build in full even if a current store exists, or one to append the new files to",
+    help="build in full even if a current store exists, or one to update (new files appended,"
+    " files no longer listed removed)",
   )
   parser.add_argument(
     "--prune",
     action="store_true",
     help="then remove the stores this one supersedes: those of the same settings made from a"
-    " part of its files (yesterday's store, once today's files are appended)",
+    " part of its files, and the one it was updated from (yesterday's store, once today's"
+    " files are appended and the oldest day's removed)",
   )
   parser.add_argument(
     "--runner",

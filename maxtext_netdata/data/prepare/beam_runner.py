@@ -54,9 +54,7 @@ def runner(beam_args: list[str]):
     for name in sorted(os.listdir(reports_dir)):
       with open(os.path.join(reports_dir, name), encoding="utf-8") as f:
         one = json.load(f)
-      report.rows_read += one["rows_read"]
-      for reason, count in one["skipped"].items():
-        report.skipped.add(reason, count)
+      report.add_file(one["uri"], reader.FileReport.from_json(one["report"]))
     pieces = (
       sorted(os.path.join(pieces_dir, name) for name in os.listdir(pieces_dir))
       if os.path.isdir(pieces_dir)
@@ -82,7 +80,7 @@ def _read_and_partition(indexed, options, settings, reports_dir):
     report=report,
   ):
     yield bucket, chunk.to_bytes()
-  result = {"rows_read": report.rows_read, "skipped": dict(report.skipped.reasons)}
+  result = {"uri": entry.uri, "report": report.files[entry.uri].to_json()}
   with open(os.path.join(reports_dir, f"{index:06d}.json"), "w", encoding="utf-8") as f:
     json.dump(result, f)
 

@@ -146,10 +146,13 @@ def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tu
 
 def read_partitioned(entry, metadata, options, *, buckets, hashed, skip_bad, report, on_rows=None):
   """(bucket, Chunk) of every valid row of one file (`reader.read_batches`); counts the rows
-  read and skipped in `report` (a `reader.ReadReport`), and calls `on_rows(rows)` per batch."""
+  read and skipped in `report` (a `reader.ReadReport`, with the file's own `FileReport`), and
+  calls `on_rows(rows)` per batch."""
+  file = report.files[entry.uri] = reader.FileReport()
   for columns, skipped, rows in reader.read_batches(entry, metadata, options, skip_bad=skip_bad):
     report.rows_read += rows
     report.skipped.merge(skipped)
+    file.add(rows, skipped, columns.seconds)
     if len(columns):
       yield from partition(columns, buckets, hashed)
     if on_rows is not None:

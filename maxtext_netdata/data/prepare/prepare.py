@@ -3,17 +3,19 @@
     maxtext-netdata prepare CONFIG [key=value ...] [--force] [--prune]
         [--runner beam [-- BEAM OPTIONS]]
 
-Reads `grain_train_files` (and `grain_eval_files` if set) through `data.raw.reader`, validates
-every row (`data.raw.schema`), partitions the rows by probe hash into buckets spilled to local
-files, sorts one bucket at a time into a piece and assembles the pieces into
-`<prepared_dir>/<fingerprint>/{train,test[,eval]}/` (`data.prepare.partition`, `data.prepare.assemble`,
-`data.store.store`). Memory is bounded by `network_prepare_memory_mb`, whatever the row count.
+Reads `grain_train_files` (and `grain_eval_files` if set) through `data.raw.reader`,
+validates every row (`data.raw.schema`), partitions the rows by probe hash into buckets
+spilled to local files, sorts one bucket at a time into a piece and assembles the pieces into
+`<prepared_dir>/<fingerprint>/{train,test[,eval]}/` (`data.prepare.partition`,
+`data.prepare.assemble`, `data.store.store`). Memory is bounded by
+`network_prepare_memory_mb`, whatever the row count.
 
 The fingerprint covers each input file's URI, size and modification time, the store format
 and the config keys that change the store's content; a complete store with the same
 fingerprint is opened instead of rebuilt; a complete store of some of the train files (and
-the same content keys) is appended to, reading only the other files (`data.prepare.append`:
-the same bytes as a full build). One process builds a store at a time (a lock file
+the same content keys) is appended to, reading only the other files, and its files no longer
+listed are taken out where their rows lie apart in time (`data.prepare.append`: the same
+bytes as a full build). One process builds a store at a time (a lock file
 beside it; the others wait, then open it). A store is built in a temporary directory and
 renamed into place once complete, with the summary (`meta.json`) written last: a prepare
 killed at any point leaves nothing that passes for a store, and the next one removes its
@@ -23,6 +25,7 @@ the local cache once, or built locally and uploaded when absent (`data.store.rem
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import fcntl
@@ -103,10 +106,11 @@ def prepare(
 ) -> PreparedSplits:
   """Build the store of `config` unless a current one exists (or `force`); open it.
 
-  `runner` builds the sorted pieces of one set of files (`data.prepare.beam_runner.runner`); None
-  is the built-in one (`data.prepare.local_runner`). Listing, locking, assembling and caching are shared.
-  `prune` then removes the stores this one supersedes (`append.superseded`: the stores that
-  new files were, or could have been, appended to), recorded in the summary's `pruned`.
+  `runner` builds the sorted pieces of one set of files (`data.prepare.beam_runner.runner`);
+  None is the built-in one (`data.prepare.local_runner`). Listing, locking, assembling and
+  caching are shared. `prune` then removes the stores this one supersedes
+  (`append.superseded`: the stores that new files were, or could have been, appended to, and
+  the store it was updated from), recorded in the summary's `pruned`.
   """
   config, options, train_files, eval_files = _inputs(config)
   splits = _prepare(
@@ -114,7 +118,10 @@ def prepare(
   )
   if prune:
     local_dir = os.path.dirname(splits.summary["path"])
-    roots = append.superseded(local_dir, content_key(config, eval_files), train_files)
+    made_from = (splits.summary.get("appended") or splits.summary.get("removed") or {}).get("base")
+    roots = append.superseded(
+      local_dir, content_key(config, eval_files), train_files, made_from or ""
+    )
     freed = sum(append.remove_store(root) for root in roots)
     splits.summary["pruned"] = {"stores": roots, "bytes": freed}
   return splits
@@ -293,67 +300,99 @@ def _build(config, options, train_files, eval_files, tmp, fp, progress, runner) 
     counts.update(eval_counts)
     report.rows_read += eval_report.rows_read
     report.skipped.merge(eval_report.skipped)
+  file_reports = [report.files[f.uri].to_json() for f in train_files]
   return _summary(
-    config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start
-  )
+    config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start,
+    file_reports,
+  )  # fmt: skip
 
 
 def _append(config, options, train_files, eval_files, tmp, fp, progress, runner, *, base) -> dict:
   """`_build`'s store from `base` (a store of some of the train files) and the other files:
-  those prepared alone, then both merged split by split (`data.prepare.append`)."""
+  those prepared alone, then both merged split by split, the rows of the base's files no
+  longer listed left out (`data.prepare.append`)."""
   start, cpu_start = time.perf_counter(), _cpu_seconds()
   rss_start = psutil.Process().memory_info().rss
+  old = base.summary
+  old_reports = dict(
+    zip(map(tuple, old["train_file_entries"]), old.get("train_file_reports") or [], strict=False)
+  )
+  removed = [reader.FileReport.from_json(old_reports[tuple(e)]) for e in base.removed]
+  removed_rows = sum(r.rows_read - r.skipped.total for r in removed)
   if progress:
-    print(
-      f"prepare: appending {len(base.new_files)} new file(s) to store {base.root}",
-      file=sys.stderr,
-    )
+    said = [f"appending {len(base.new_files)} new file(s) to"] if base.new_files else []
+    if removed:
+      said.append(f"removing {len(removed)} file(s) ({removed_rows:,} rows) from")
+    print(f"prepare: {' and '.join(said)} store {base.root}", file=sys.stderr)
   delta = os.path.join(tmp, ".delta")
   meta = {"fingerprint": fp, "source_files": [f.uri for f in train_files]}
-  new_counts, report, _ = _build_group(
-    config, options, base.new_files, work=delta, name="train", split=config.network_split,
-    meta=meta, progress=progress, runner=runner, allow_empty=True,
-  )  # fmt: skip
-  merge_start = time.perf_counter()
   names = assemble.split_names(config.network_split)
-  rows = sum(base.summary["splits"][n]["rows"] + new_counts[n]["rows"] for n in names)
+  report, new_rows = reader.ReadReport(), 0
+  if base.new_files:
+    new_counts, report, _ = _build_group(
+      config, options, base.new_files, work=delta, name="train", split=config.network_split,
+      meta=meta, progress=progress, runner=runner, allow_empty=True,
+    )  # fmt: skip
+    new_rows = sum(new_counts[n]["rows"] for n in names)
+  merge_start = time.perf_counter()
+  rows = sum(old["splits"][n]["rows"] for n in names) + new_rows - removed_rows
   batch_rows = partition.bucket_rows(config.network_prepare_memory_mb)
   counts = {}
   with append.merge_bar(rows, progress) as bar:
     for name in names:
       counts[name] = append.merge_split(
         os.path.join(base.root, name), os.path.join(delta, name), os.path.join(tmp, name),
-        {**meta, "split": name}, batch_rows=batch_rows, bar=bar,
+        {**meta, "split": name}, batch_rows=batch_rows, bar=bar, window=base.window,
       )  # fmt: skip
-  shutil.rmtree(delta)
+  shutil.rmtree(delta, ignore_errors=True)
   if eval_files:
     eval_meta = {"fingerprint": fp, "source_files": [f.uri for f in eval_files], "split": "eval"}
     counts["eval"] = append.link_split(
       os.path.join(base.root, "eval"), os.path.join(tmp, "eval"), eval_meta
     )
   probes = sum(counts[n]["probes"] for n in names)
+  file_reports = []  # kept only when every file's is known (not for a base without them)
+  for f in train_files:
+    known = report.files.get(f.uri)
+    known = known.to_json() if known else old_reports.get(tuple(dataclasses.astuple(f)))
+    if known is None:
+      file_reports = None
+      break
+    file_reports.append(known)
   summary = _summary(
-    config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start
-  )
+    config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start,
+    file_reports,
+  )  # fmt: skip
   # The counts are the whole store's, its speed this run's: new rows read, and the merge.
-  old = base.summary
-  summary["rows_read"] += old["rows_read"]
-  summary["skipped_rows"] += old["skipped_rows"]
-  for reason, n in old["skipped"].items():
-    summary["skipped"][reason] = summary["skipped"].get(reason, 0) + n
-  summary["appended"] = {
+  gone = reader.ReadReport()
+  for one in removed:
+    gone.add_file("", one)
+  summary["rows_read"] += old["rows_read"] - gone.rows_read
+  skipped = collections.Counter(old["skipped"])
+  skipped.update(summary["skipped"])
+  skipped.subtract(gone.skipped.reasons)
+  summary["skipped"] = {reason: n for reason, n in sorted(skipped.items()) if n}
+  summary["skipped_rows"] = sum(summary["skipped"].values())
+  made = {
     "base": base.root,
     "base_rows": old["rows"],
-    "new_files": len(base.new_files),
-    "new_rows_read": report.rows_read,
     "merge_seconds": round(time.perf_counter() - merge_start, 3),
   }
+  if base.new_files:
+    summary["appended"] = {
+      **made,
+      "new_files": len(base.new_files),
+      "new_rows_read": report.rows_read,
+    }
+  if removed:
+    summary["removed"] = {**made, "files": len(removed), "rows": removed_rows}
   return summary
 
 
 def _summary(
-  config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start
-) -> dict:
+  config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start,
+  file_reports,
+) -> dict:  # fmt: skip
   seconds = time.perf_counter() - start
   cpu = max(_cpu_seconds() - cpu_start, 1e-9)
   peak = peak_rss_bytes()
@@ -365,6 +404,7 @@ def _summary(
     "content_key": content_key(config, eval_files),
     "train_files": [f.uri for f in train_files],
     "train_file_entries": append.entries(train_files),
+    **({"train_file_reports": file_reports} if file_reports is not None else {}),
     "eval_files": [f.uri for f in eval_files],
     "network_split": config.network_split,
     "network_test_fraction": config.network_test_fraction,
@@ -424,6 +464,13 @@ def format_summary(summary: dict) -> str:
       f" to {appended['base']} ({appended['base_rows']:,} rows); merged in"
       f" {appended['merge_seconds']:.2f} s"
     )
+  removed = summary.get("removed")
+  if removed:
+    lines.append(
+      f"removed   {removed['files']:,} file(s) no longer listed, {removed['rows']:,} rows,"
+      f" from {removed['base']} ({removed['base_rows']:,} rows)"
+      + ("" if appended else f"; copied in {removed['merge_seconds']:.2f} s")
+    )
   pruned = summary.get("pruned")
   if pruned is not None:
     names = ", ".join(os.path.basename(root) for root in pruned["stores"]) or "none"
@@ -436,7 +483,8 @@ def format_summary(summary: dict) -> str:
     lines.append(f"skipped   {summary['skipped_rows']:,} rows ({reasons})")
   lines.append(
     f"speed     {summary['seconds']:.2f} s, {summary['rows_per_s']:,} rows/s, "
-    f"{summary['rows_per_cpu_s']:,} rows per CPU-second" + (" (rows read)" if appended else "")
+    f"{summary['rows_per_cpu_s']:,} rows per CPU-second"
+    + (" (rows read)" if appended or removed else "")
   )
   lines.append(
     f"memory    peak RSS {summary['peak_rss_bytes'] / 2**20:,.0f} MiB, "

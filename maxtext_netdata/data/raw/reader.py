@@ -29,11 +29,51 @@ BATCH_ROWS = 1 << 18  # rows validated at a time: bounds memory whatever the row
 
 
 @dataclasses.dataclass
-class ReadReport:
-  """Rows read and rows skipped (by reason) over some files."""
+class FileReport:
+  """One file's rows read and skipped (by reason), and the first and last second of its valid
+  rows (None without one): what a store keeps of each train file, so that a file can later
+  be taken out of the store without reading it (`data.prepare.append`)."""
 
   rows_read: int = 0
   skipped: schema.SkipReport = dataclasses.field(default_factory=schema.SkipReport)
+  first: int | None = None
+  last: int | None = None
+
+  def add(self, rows: int, skipped: schema.SkipReport, seconds) -> None:
+    """Count a batch: `rows` read, `skipped`, the valid rows' `seconds`."""
+    self.rows_read += rows
+    self.skipped.merge(skipped)
+    if len(seconds):
+      low, high = int(seconds.min()), int(seconds.max())
+      self.first = low if self.first is None else min(self.first, low)
+      self.last = high if self.last is None else max(self.last, high)
+
+  def to_json(self) -> list:
+    return [self.rows_read, dict(sorted(self.skipped.reasons.items())), self.first, self.last]
+
+  @classmethod
+  def from_json(cls, value: list) -> FileReport:
+    rows_read, skipped, first, last = value
+    report = cls(rows_read=rows_read, first=first, last=last)
+    for reason, count in skipped.items():
+      report.skipped.add(reason, count)
+    return report
+
+
+@dataclasses.dataclass
+class ReadReport:
+  """Rows read and rows skipped (by reason) over some files, and each file's `FileReport`
+  (by URI)."""
+
+  rows_read: int = 0
+  skipped: schema.SkipReport = dataclasses.field(default_factory=schema.SkipReport)
+  files: dict[str, FileReport] = dataclasses.field(default_factory=dict)
+
+  def add_file(self, uri: str, file: FileReport) -> None:
+    """Count a whole file's report."""
+    self.rows_read += file.rows_read
+    self.skipped.merge(file.skipped)
+    self.files[uri] = file
 
 
 def one_line(error: BaseException) -> str:

@@ -42,7 +42,16 @@ def tree(root: str) -> dict:
   return out
 
 
-COUNTS = ("fingerprint", "rows", "rows_read", "probes", "splits", "skipped", "skipped_rows")
+COUNTS = (
+  "fingerprint",
+  "rows",
+  "rows_read",
+  "probes",
+  "splits",
+  "skipped",
+  "skipped_rows",
+  "train_file_reports",
+)
 
 
 def assert_same_store(appended, full):
@@ -113,7 +122,84 @@ def test_new_files_are_appended_into_the_store_a_full_build_gives(tmp_path, days
     assert_same_store(chained, full)
 
 
+def valid_rows(*paths) -> int:
+  return sum(pq.read_metadata(path).num_rows for path in paths)
+
+
+WINDOWS = {
+  # base files, then current files
+  "the oldest day leaves": ([0, 1, 2], [1, 2]),
+  "the oldest day leaves, a new day comes": ([0, 1, 2], [1, 2, 3]),
+  "two days leave, a new day comes": ([0, 1, 2], [2, 3]),
+  "the newest day leaves": ([0, 1, 2], [0, 1]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WINDOWS))
+def test_files_no_longer_listed_leave_the_store_a_full_build_gives(tmp_path, days, case):
+  before, after = ([days[i] for i in files] for files in WINDOWS[case])
+  overrides = [SMALL, "network_field_order=hashed"] if "two" in case else [SMALL]
+  base = prepare.prepare(make_config(tmp_path / "inc", before, *overrides), progress=False)
+  rolled = prepare.prepare(make_config(tmp_path / "inc", after, *overrides), progress=False)
+  full = prepare.prepare(make_config(tmp_path / "full", after, *overrides), progress=False)
+  assert "removed" not in full.summary
+  gone = sorted(set(before) - set(after))
+  assert rolled.summary["removed"] == {
+    "base": base.summary["path"],
+    "base_rows": base.summary["rows"],
+    "files": len(gone),
+    "rows": valid_rows(*gone),
+    "merge_seconds": rolled.summary["removed"]["merge_seconds"],
+  }
+  new = sorted(set(after) - set(before))
+  assert ("appended" in rolled.summary) == bool(new)
+  assert_same_store(rolled, full)
+  text = prepare.format_summary(rolled.summary)
+  assert f"removed   {len(gone)} file(s) no longer listed, {valid_rows(*gone):,} rows" in text
+  # The day after: the next window from the rolled store, whose file reports came through.
+  if case == "the oldest day leaves, a new day comes":
+    again = prepare.prepare(make_config(tmp_path / "inc", days[2:], *overrides), progress=False)
+    assert again.summary["removed"]["base"] == rolled.summary["path"]
+    full = prepare.prepare(make_config(tmp_path / "full", days[2:], *overrides), progress=False)
+    assert_same_store(again, full)
+
+
+def test_files_that_cannot_be_told_apart_by_time_are_built_in_full(tmp_path, days):
+  prep = tmp_path / "prep"
+  prepare.prepare(make_config(prep, days[:3]), progress=False)
+  # The middle day's rows fall between those of the days kept: the whole store is built.
+  middle = prepare.prepare(make_config(prep, [days[0], days[2]]), progress=False)
+  assert "removed" not in middle.summary and "appended" not in middle.summary
+  assert middle.summary["rows_read"] == valid_rows(days[0], days[2])
+  # A day that overlaps the next one by a second is not taken out either.
+  files = copies(tmp_path, days[:2])
+  table = pq.read_table(files[0])
+  index = table.schema.get_field_index("event_time")
+  times = table["event_time"].to_numpy().astype("datetime64[s]")
+  last = pq.read_table(files[1])["event_time"].to_numpy().astype("datetime64[s]").min()
+  times[-1] = last  # the first day's last row in the second day's first second
+  pq.write_table(table.set_column(index, "event_time", pa.array(times)), files[0])
+  prepare.prepare(make_config(prep, files), progress=False)
+  alone = prepare.prepare(make_config(prep, files[1:]), progress=False)
+  assert "removed" not in alone.summary
+  assert_same_store(
+    alone, prepare.prepare(make_config(tmp_path / "full", files[1:]), progress=False)
+  )
+  # An edge day rewritten (its old rows leave, its new ones come): the store of both files.
+  files = copies(tmp_path / "edge", days[1:3])
+  prepare.prepare(make_config(prep, files), progress=False)
+  pq.write_table(pq.read_table(files[0]).slice(0, 1000), files[0])
+  rewritten = prepare.prepare(make_config(prep, files), progress=False)
+  assert rewritten.summary["removed"]["files"] == 1
+  assert rewritten.summary["appended"]["new_files"] == 1
+  assert rewritten.summary["rows"] == 1000 + valid_rows(days[2])
+  assert_same_store(
+    rewritten, prepare.prepare(make_config(tmp_path / "full", files), progress=False)
+  )
+
+
 def copies(tmp_path, files):
+  os.makedirs(tmp_path, exist_ok=True)
   out = []
   for path in files:
     out.append(str(tmp_path / os.path.basename(path)))
@@ -135,8 +221,8 @@ def test_a_store_is_built_in_full_when_it_cannot_be_appended_to(tmp_path, days):
   # Another test fraction, or bad rows dropped instead of refused: another content.
   assert built(files[:3]) and built(files, "network_test_fraction=0.25")
   assert built(files, "network_skip_bad_rows=true")
-  # An old file rewritten: the store no longer holds its rows.
-  pq.write_table(pq.read_table(files[0]).slice(0, 1000), files[0])
+  # An old file between others rewritten: its old rows cannot be told from theirs by time.
+  pq.write_table(pq.read_table(files[1]).slice(0, 1000), files[1])
   assert built(files)
   # --force: a full build, though the store of the first three files is now a base.
   assert built(files[:3])
@@ -181,6 +267,16 @@ def test_cli_says_what_was_appended(tmp_path, days, capsys):
   assert f"pruned    1 superseded store(s) ({os.path.basename(base)})" in line
   assert not os.path.exists(base)
   assert "prepare: appending 1 new file(s) to store" in captured.err
+  # A rolling window: the first day leaves as the third comes; the base goes with --prune.
+  both = f"grain_train_files={days[1]},{days[2]}"
+  assert cli.main(["prepare", "base.yml", both, *overrides, "--prune"]) == 0
+  captured = capsys.readouterr()
+  line = next(x for x in captured.out.splitlines() if x.startswith("removed  "))
+  assert f"removed   1 file(s) no longer listed, {valid_rows(days[0]):,} rows, from" in line
+  base = line.split(" from ")[1].split(" (")[0]
+  assert f"pruned    1 superseded store(s) ({os.path.basename(base)})" in captured.out
+  assert not os.path.exists(base)
+  assert f"removing 1 file(s) ({valid_rows(days[0]):,} rows) from store" in captured.err
 
 
 def test_prune_removes_the_stores_the_new_one_supersedes_and_no_other(tmp_path, days):

@@ -42,6 +42,10 @@ def test_beam_direct_runner_builds_the_builtin_store(tmp_path, raw_files, monkey
     assert a[name] == b[name], name
   assert on_beam.summary["rows_read"] == builtin.summary["rows_read"] == 20_000
   assert on_beam.summary["probes"] == builtin.summary["probes"]
+  # Each file's rows and times, by which a file later leaves the store (docs/prepare.md).
+  reports = on_beam.summary["train_file_reports"]
+  assert reports == builtin.summary["train_file_reports"]
+  assert len(reports) == 3 and all(r[2] is not None and r[2] <= r[3] for r in reports)
   assert os.listdir(tmp_path / "b") == [os.path.basename(on_beam.summary["path"])]
 
 
