@@ -481,11 +481,13 @@ def format_summary(summary: dict) -> str:
   if summary["skipped"]:
     reasons = ", ".join(f"{reason}: {n:,}" for reason, n in sorted(summary["skipped"].items()))
     lines.append(f"skipped   {summary['skipped_rows']:,} rows ({reasons})")
-  lines.append(
-    f"speed     {summary['seconds']:.2f} s, {summary['rows_per_s']:,} rows/s, "
-    f"{summary['rows_per_cpu_s']:,} rows per CPU-second"
-    + (" (rows read)" if appended or removed else "")
-  )
+  if removed and not appended:
+    lines.append(f"speed     {summary['seconds']:.2f} s, no file read")
+  else:
+    lines.append(
+      f"speed     {summary['seconds']:.2f} s, {summary['rows_per_s']:,} rows/s, "
+      f"{summary['rows_per_cpu_s']:,} rows per CPU-second" + (" (rows read)" if appended else "")
+    )
   lines.append(
     f"memory    peak RSS {summary['peak_rss_bytes'] / 2**20:,.0f} MiB, "
     f"{summary['peak_bytes_per_row']} bytes per raw row above the start"

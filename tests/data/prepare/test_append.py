@@ -156,6 +156,7 @@ def test_files_no_longer_listed_leave_the_store_a_full_build_gives(tmp_path, day
   assert_same_store(rolled, full)
   text = prepare.format_summary(rolled.summary)
   assert f"removed   {len(gone)} file(s) no longer listed, {valid_rows(*gone):,} rows" in text
+  assert ("no file read" in text) == (not new)
   # The day after: the next window from the rolled store, whose file reports came through.
   if case == "the oldest day leaves, a new day comes":
     again = prepare.prepare(make_config(tmp_path / "inc", days[2:], *overrides), progress=False)
@@ -253,30 +254,30 @@ def test_a_bad_new_file_is_an_error_and_the_store_stays(tmp_path, days):
   assert_same_store(appended, full)
 
 
-def test_cli_says_what_was_appended(tmp_path, days, capsys):
-  overrides = [f"network_prepared_dir={tmp_path}"]
-  assert cli.main(["prepare", "base.yml", f"grain_train_files={days[0]}", *overrides]) == 0
-  capsys.readouterr()
-  both = f"grain_train_files={days[0]},{days[1]}"
-  assert cli.main(["prepare", "base.yml", both, *overrides, "--prune"]) == 0
-  captured = capsys.readouterr()
-  line = next(x for x in captured.out.splitlines() if x.startswith("appended  "))
-  assert f"1 new file(s), {pq.read_metadata(days[1]).num_rows:,} rows read" in line
-  base = line.split(" to ")[1].split(" (")[0]
-  line = next(x for x in captured.out.splitlines() if x.startswith("pruned  "))
-  assert f"pruned    1 superseded store(s) ({os.path.basename(base)})" in line
+def test_cli_says_what_it_appended_removed_and_pruned(tmp_path, days, capsys):
+  def run(*files) -> tuple[dict, str]:
+    files = f"grain_train_files={','.join(files)}"
+    argv = ["prepare", "base.yml", files, f"network_prepared_dir={tmp_path}", "--prune"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    lines = {line[:10]: line[10:] for line in captured.out.splitlines()}
+    return lines, captured.err
+
+  run(days[0])
+  lines, err = run(days[0], days[1])
+  assert lines["appended  "].startswith(f"1 new file(s), {valid_rows(days[1]):,} rows read, to ")
+  base = lines["appended  "].split(" to ")[1].split(" (")[0]
+  assert lines["pruned    "].startswith(f"1 superseded store(s) ({os.path.basename(base)})")
   assert not os.path.exists(base)
-  assert "prepare: appending 1 new file(s) to store" in captured.err
+  assert "prepare: appending 1 new file(s) to store" in err
   # A rolling window: the first day leaves as the third comes; the base goes with --prune.
-  both = f"grain_train_files={days[1]},{days[2]}"
-  assert cli.main(["prepare", "base.yml", both, *overrides, "--prune"]) == 0
-  captured = capsys.readouterr()
-  line = next(x for x in captured.out.splitlines() if x.startswith("removed  "))
-  assert f"removed   1 file(s) no longer listed, {valid_rows(days[0]):,} rows, from" in line
-  base = line.split(" from ")[1].split(" (")[0]
-  assert f"pruned    1 superseded store(s) ({os.path.basename(base)})" in captured.out
+  lines, err = run(days[1], days[2])
+  gone = f"{valid_rows(days[0]):,} rows"
+  assert lines["removed   "].startswith(f"1 file(s) no longer listed, {gone}, from ")
+  base = lines["removed   "].split(" from ")[1].split(" (")[0]
+  assert lines["pruned    "].startswith(f"1 superseded store(s) ({os.path.basename(base)})")
   assert not os.path.exists(base)
-  assert f"removing 1 file(s) ({valid_rows(days[0]):,} rows) from store" in captured.err
+  assert f"appending 1 new file(s) to and removing 1 file(s) ({gone}) from store" in err
 
 
 def test_prune_removes_the_stores_the_new_one_supersedes_and_no_other(tmp_path, days):
