@@ -26,6 +26,8 @@ On one generated sample (`maxtext-netdata generate`, `--rows` rows), prepared on
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import os
 import subprocess
 import sys
@@ -51,6 +53,7 @@ from maxtext_netdata.input_pipeline import (  # noqa: E402
   interface,
   network_grain,
   transforms,
+  worker_blocks,
 )
 from maxtext_netdata.input_pipeline.sequences import KEYS, BatchBuilder  # noqa: E402
 
@@ -148,7 +151,10 @@ def with_workers(config, store, rows: int, batches: int, sharding, shift_in_work
   ).mp_prefetch(
     grain.MultiprocessingOptions(
       num_workers=2, per_worker_buffer_size=config.grain_per_worker_buffer_size
-    )
+    ),
+    worker_init_fn=functools.partial(
+      network_grain.start_worker, blocks := worker_blocks.new_prefix()
+    ),
   )
   shift_map = transforms.ShiftData()  # as make_iterator places it: targets in reused buffers
   start = time.perf_counter()
@@ -178,6 +184,12 @@ def with_workers(config, store, rows: int, batches: int, sharding, shift_in_work
     main = time.process_time() - main0
   finally:
     iterator.close()
+    # As the pipeline's own iterator ends (`HostBatchIterator.close`): the last batch's
+    # blocks unlinked by Grain once garbage, those made and never handed over by us.
+    host = iterator = None  # the iterator holds the batches it read ahead
+    gc.collect()  # arrays in reference cycles (Grain's iterator) are garbage only then
+    network_grain.release_shared_memory()
+    worker_blocks.unlink_left(blocks, keep_mapped=True)
   real = real_tokens(builder, rows, range(4, 4 + batches))
   ms = 1e3 / batches
   return {
