@@ -132,6 +132,7 @@ WINDOWS = {
   "the oldest day leaves, a new day comes": ([0, 1, 2], [1, 2, 3]),
   "two days leave, a new day comes": ([0, 1, 2], [2, 3]),
   "the newest day leaves": ([0, 1, 2], [0, 1]),
+  "eval files, time split: a day leaves, one comes": ([0, 1], [1, 2]),
 }
 
 
@@ -139,6 +140,8 @@ WINDOWS = {
 def test_files_no_longer_listed_leave_the_store_a_full_build_gives(tmp_path, days, case):
   before, after = ([days[i] for i in files] for files in WINDOWS[case])
   overrides = [SMALL, "network_field_order=hashed"] if "two" in case else [SMALL]
+  if "eval" in case:
+    overrides += [f"grain_eval_files={days[3]}", "network_split=time"]
   base = prepare.prepare(make_config(tmp_path / "inc", before, *overrides), progress=False)
   rolled = prepare.prepare(make_config(tmp_path / "inc", after, *overrides), progress=False)
   full = prepare.prepare(make_config(tmp_path / "full", after, *overrides), progress=False)
