@@ -22,7 +22,6 @@ import argparse
 import itertools
 import os
 import sys
-import tempfile
 
 from absl import flags
 
@@ -63,7 +62,11 @@ def main() -> int:
   args = parser.parse_args()
   flags.FLAGS.mark_as_parsed()  # Grain reads absl flags when it starts workers
 
-  work = args.dir or tempfile.mkdtemp(prefix="bench_defaults_")
+  with bench_e2e.work_folder(args.dir, "bench_defaults_") as work:
+    return _main(args, work)
+
+
+def _main(args, work: str) -> int:
   overrides, store = bench_e2e.sample(work, args.rows, args.seq_len)
   base = config_lib.load(None, [])
   print(

@@ -18,6 +18,7 @@ its epoch plan included; JAX warmed up first), and per batch the time in the ite
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -32,6 +33,17 @@ from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline import batch_kernel_loading, interface, network_grain
 from maxtext_netdata.input_pipeline.sequences import KEYS, BatchBuilder
+
+
+@contextlib.contextmanager
+def work_folder(folder: str | None, prefix: str):
+  """`folder` (`--dir`, kept), or a temporary folder removed when the benchmark ends, however
+  it ends (its store is tens of MB)."""
+  if folder:
+    yield folder
+    return
+  with tempfile.TemporaryDirectory(prefix=prefix) as temporary:
+    yield temporary
 
 
 def sample(work: str, rows: int, seq_len: int) -> tuple[list[str], object]:
@@ -98,7 +110,11 @@ def main() -> int:
   parser.add_argument("--seq-len", type=int, default=1024)
   parser.add_argument("--dir", help="work folder (default: a temporary one)")
   args = parser.parse_args()
-  work = args.dir or tempfile.mkdtemp(prefix="bench_e2e_")
+  with work_folder(args.dir, "bench_e2e_") as work:
+    return _main(args, work)
+
+
+def _main(args, work: str) -> int:
   overrides, store = sample(work, args.rows, args.seq_len)
   print(f"store: {store.num_rows} rows, {store.num_probes} probes")
   sharding = one_device_sharding()

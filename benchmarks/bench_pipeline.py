@@ -214,7 +214,11 @@ def main() -> int:
   args = parser.parse_args()
   flags.FLAGS.mark_as_parsed()  # Grain reads absl flags when it starts workers
 
-  work = args.dir or tempfile.mkdtemp(prefix="bench_pipeline_")
+  with bench_e2e.work_folder(args.dir, "bench_pipeline_") as work:
+    return _main(args, work)
+
+
+def _main(args, work: str) -> int:
   overrides, store = bench_e2e.sample(work, args.rows, args.seq_len)
   config = config_lib.load(None, overrides)
   print(f"store: {store.num_rows} rows, {store.num_probes} probes; {os.cpu_count()} cores")
