@@ -115,6 +115,30 @@ def find_base(
   return best
 
 
+def no_base_reason(prepared_dir: str, content_key: str, train_files: list[remote.FileEntry]) -> str:
+  """Why no store of `content_key` holding some of `train_files` can be updated (when
+  `find_base` found none): about the one holding the most of them; "" when there is none."""
+  current = {tuple(e) for e in entries(train_files)}
+  best = None
+  for root, held, summary in _stores(prepared_dir, content_key):
+    kept, removed = held & current, held - current
+    if kept and removed and (best is None or len(kept) > len(best[1])):
+      best = (root, kept, removed, summary)
+  if best is None:
+    return ""
+  root, kept, removed, summary = best
+  first = sorted(removed)[0][0]
+  if summary.get("train_file_reports") is None:
+    return (
+      f"store {root} holds {len(removed)} file(s) no longer listed ({first}, ...) and was"
+      " prepared before stores kept their files' times, so they cannot be taken out"
+    )
+  return (
+    f"store {root} holds {len(removed)} file(s) no longer listed ({first}, ...) whose rows are"
+    f" not all before, or all after, those of the {len(kept)} file(s) it keeps"
+  )
+
+
 def removal_window(summary: dict, removed: set) -> tuple[int, int] | None:
   """(first, last) second of the rows of the store's files other than `removed`, when every
   row of the `removed` files lies outside it, before or after; else None.

@@ -165,9 +165,12 @@ def _prepare(
       if shared_root and not force and remote_copy.download(shared_root, tmp, options):
         copied_from = shared_root
       else:
-        base = None
+        base, key = None, content_key(config, eval_files)
         if not force and append.appendable(config):
-          base = append.find_base(local_dir, content_key(config, eval_files), train_files)
+          base = append.find_base(local_dir, key, train_files)
+          why = "" if base else append.no_base_reason(local_dir, key, train_files)
+          if why and progress:
+            print(f"prepare: building in full: {why}", file=sys.stderr)
         build = _build if base is None else functools.partial(_append, base=base)
         summary = build(config, options, train_files, eval_files, tmp, fp, progress, runner)
         store.write_json(os.path.join(tmp, store.META_FILE), summary)

@@ -2,6 +2,7 @@
 the store is the one a full build gives, byte for byte (docs/prepare.md, "New files: append")."""
 
 import glob
+import json
 import os
 import shutil
 import signal
@@ -168,13 +169,33 @@ def test_files_no_longer_listed_leave_the_store_a_full_build_gives(tmp_path, day
     assert_same_store(again, full)
 
 
-def test_files_that_cannot_be_told_apart_by_time_are_built_in_full(tmp_path, days):
+def test_files_that_cannot_be_told_apart_by_time_are_built_in_full(tmp_path, days, capsys):
   prep = tmp_path / "prep"
-  prepare.prepare(make_config(prep, days[:3]), progress=False)
+  base = prepare.prepare(make_config(prep, days[:3]), progress=False)
   # The middle day's rows fall between those of the days kept: the whole store is built.
-  middle = prepare.prepare(make_config(prep, [days[0], days[2]]), progress=False)
+  middle = prepare.prepare(make_config(prep, [days[0], days[2]]), progress=True)
   assert "removed" not in middle.summary and "appended" not in middle.summary
+  assert (
+    f"prepare: building in full: store {base.summary['path']} holds 1 file(s) no longer"
+    f" listed ({days[1]}, ...) whose rows are not all before, or all after, those of the 2"
+    " file(s) it keeps"
+  ) in capsys.readouterr().err
   assert middle.summary["rows_read"] == valid_rows(days[0], days[2])
+  # A store written before summaries kept each file's times: appended to, not taken from.
+  old = tmp_path / "old"
+  base = prepare.prepare(make_config(old, days[:3]), progress=False)
+  meta_path = os.path.join(base.summary["path"], "meta.json")
+  with open(meta_path, encoding="utf-8") as f:
+    meta = json.load(f)
+  del meta["train_file_reports"]
+  with open(meta_path, "w", encoding="utf-8") as f:
+    json.dump(meta, f)
+  later = prepare.prepare(make_config(old, days[1:3]), progress=True)
+  assert "removed" not in later.summary
+  assert "was prepared before stores kept their files' times" in capsys.readouterr().err
+  appended = prepare.prepare(make_config(old, days[:4]), progress=False)
+  assert appended.summary["appended"]["base"] == base.summary["path"]
+  assert "train_file_reports" not in appended.summary
   # A day that overlaps the next one by a second is not taken out either.
   files = copies(tmp_path, days[:2])
   table = pq.read_table(files[0])
