@@ -127,14 +127,14 @@ def no_base_reason(prepared_dir: str, content_key: str, train_files: list[remote
   if best is None:
     return ""
   root, kept, removed, summary = best
-  first = sorted(removed)[0][0]
+  first = sorted(removed)[0][0] + (", ..." if len(removed) > 1 else "")
   if summary.get("train_file_reports") is None:
     return (
-      f"store {root} holds {len(removed)} file(s) no longer listed ({first}, ...) and was"
+      f"store {root} holds {len(removed)} file(s) no longer listed ({first}) and was"
       " prepared before stores kept their files' times, so they cannot be taken out"
     )
   return (
-    f"store {root} holds {len(removed)} file(s) no longer listed ({first}, ...) whose rows are"
+    f"store {root} holds {len(removed)} file(s) no longer listed ({first}) whose rows are"
     f" not all before, or all after, those of the {len(kept)} file(s) it keeps"
   )
 

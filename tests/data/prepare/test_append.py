@@ -177,7 +177,7 @@ def test_files_that_cannot_be_told_apart_by_time_are_built_in_full(tmp_path, day
   assert "removed" not in middle.summary and "appended" not in middle.summary
   assert (
     f"prepare: building in full: store {base.summary['path']} holds 1 file(s) no longer"
-    f" listed ({days[1]}, ...) whose rows are not all before, or all after, those of the 2"
+    f" listed ({days[1]}) whose rows are not all before, or all after, those of the 2"
     " file(s) it keeps"
   ) in capsys.readouterr().err
   assert middle.summary["rows_read"] == valid_rows(days[0], days[2])
