@@ -18,6 +18,7 @@ pydantic. `ConfigError` is `errors.ConfigError`, importable from here too.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import functools
 import os
@@ -222,6 +223,16 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 _XLA_OPTION = re.compile(r"--([A-Za-z0-9_]+)=(.+)")
+
+
+def iso_seconds(text: str) -> int:
+  """Unix seconds of an ISO 8601 time: a date (its midnight) or a date and time, UTC unless
+  it names a zone; ValueError otherwise. `ingest --since/--until` and `network_since` /
+  `network_until` read times with it."""
+  when = datetime.datetime.fromisoformat(text)
+  if when.tzinfo is None:
+    when = when.replace(tzinfo=datetime.UTC)
+  return int(when.timestamp())
 
 
 def compile_options(flags: str) -> dict[str, str | bool]:

@@ -7,11 +7,12 @@ import, and Grain worker processes, which import `maxtext_netdata.config` to unp
 (`python -m maxtext_netdata.config > configs/base.yml`).
 """
 
+import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from maxtext_netdata.config import compile_options
+from maxtext_netdata.config import compile_options, iso_seconds
 
 # Value checks. Each raises ValueError("<reason>"); errors read "<source>: key=value <reason>".
 
@@ -93,6 +94,22 @@ def _float_text(value: Any) -> Any:
   return value
 
 
+def _time_text(value: Any) -> Any:
+  """YAML reads 2025-07-01 as a date and 2025-07-01T00:00:00Z as a datetime: back to text."""
+  if isinstance(value, datetime.date):
+    return value.isoformat()
+  return _empty_if_none(value)
+
+
+def _iso_time(value: str) -> str:
+  if value:
+    try:
+      iso_seconds(value)
+    except ValueError:
+      raise ValueError("is not an ISO 8601 time (2025-07-01 or 2025-07-01T12:00:00Z)") from None
+  return value
+
+
 def _as_list(value: Any) -> Any:
   return list(value) if isinstance(value, tuple) else value
 
@@ -114,6 +131,7 @@ Names = Annotated[list[str], BeforeValidator(_as_list)]
 ModeWeights = Annotated[list[float], BeforeValidator(_as_list), AfterValidator(_mode_weights)]
 DatasetType = Annotated[str, AfterValidator(_registered_dataset_type)]
 CompileFlags = Annotated[str, BeforeValidator(_empty_if_none), AfterValidator(_compile_flags)]
+IsoTime = Annotated[str, BeforeValidator(_time_text), AfterValidator(_iso_time)]
 
 
 class ConfigModel(BaseModel):
@@ -245,6 +263,14 @@ class ConfigModel(BaseModel):
   )
   network_skip_bad_rows: bool = Field(
     False, description="true: drop unparsable rows and count them in the prepare summary"
+  )
+  network_since: IsoTime = Field(
+    "",
+    description="prepare keeps the rows at or after this time (ISO 8601, UTC unless it says;"
+    " empty: no bound): a rolling window's start",
+  )
+  network_until: IsoTime = Field(
+    "", description="prepare keeps the rows before this time (as network_since; empty: no bound)"
   )
   network_prepare_memory_mb: int = Field(
     1024, ge=256, description="memory prepare may use, whatever the row count (sets its buckets)"

@@ -21,11 +21,12 @@ bucket's rows (plus one probe), each read from the two stores with plain reads (
 map: mapped pages would count in this process's memory) and written through a memory map
 of the new split's files (`assemble.SplitWriter`).
 
-A store whose files are not all listed any more (the oldest day of a rolling window) is a
-base too when the rows of the files leaving lie apart in time from the others' rows
-(`removal_window`, from each file's first and last second in the summary): the merge then
-reads only the base's rows within the kept files' first and last second, each probe's one
-run (`_Source`'s window), which are exactly the kept files' rows.
+A store whose files are not all listed any more (the oldest day of a rolling window), or
+that was prepared within other time bounds (`network_since`, `network_until`), is a base too
+when the rows to leave can be told from the rows to keep by time alone (`update_window`, from
+each file's first and last second in the summary): the merge then reads only the base's rows
+within a window of time, each probe's one run (`_Source`'s window), which are exactly the
+rows of the kept files within the new bounds.
 
 Only a split that follows from each probe alone can be updated: `network_split: probe`, or
 no test split at all (eval files given, or `network_test_fraction: 0`). With
@@ -45,10 +46,12 @@ import numpy as np
 import tqdm
 
 from maxtext_netdata.data import remote
-from maxtext_netdata.data.prepare import assemble, partition, probes
+from maxtext_netdata.data.prepare import assemble, local_runner, partition, probes
 from maxtext_netdata.data.raw import probe_hash
 from maxtext_netdata.data.store import store
 from maxtext_netdata.errors import WritesTo
+
+NO_BOUNDS = (None, None)  # time bounds (since, until) of a store prepared without any
 
 
 @dataclasses.dataclass
@@ -92,22 +95,20 @@ def _stores(prepared_dir: str, content_key: str):
 
 
 def find_base(
-  prepared_dir: str, content_key: str, train_files: list[remote.FileEntry]
+  prepared_dir: str, content_key: str, train_files: list[remote.FileEntry], bounds=NO_BOUNDS
 ) -> Base | None:
   """The complete store in `prepared_dir` of `content_key` with the most of `train_files`
-  (the fewest files to remove on a tie), or None. A store holding files no longer listed
-  qualifies only when their rows can be told apart by time (`removal_window`)."""
+  (the fewest files to remove on a tie) that can be updated into the store of these files
+  within `bounds` (`update_window`), or None."""
   current = {tuple(e) for e in entries(train_files)}
   best, best_rank = None, None
   for root, held, summary in _stores(prepared_dir, content_key):
     kept, removed = held & current, held - current
-    if not kept or held == current:
+    if not kept or (held == current and _bounds(summary) == tuple(bounds)):
       continue
-    window = removal_window(summary, removed) if removed else None
-    if removed and window is None:
-      continue
+    usable, window, _ = update_window(summary, current, bounds)
     rank = (len(kept), -len(removed))
-    if best is None or rank > best_rank:
+    if usable and (best is None or rank > best_rank):
       best_rank = rank
       new = [f for f in train_files if tuple(dataclasses.astuple(f)) not in held]
       gone = [list(e) for e in summary["train_file_entries"] if tuple(e) in removed]
@@ -115,67 +116,115 @@ def find_base(
   return best
 
 
-def no_base_reason(prepared_dir: str, content_key: str, train_files: list[remote.FileEntry]) -> str:
+def no_base_reason(
+  prepared_dir: str, content_key: str, train_files: list[remote.FileEntry], bounds=NO_BOUNDS
+) -> str:
   """Why no store of `content_key` holding some of `train_files` can be updated (when
   `find_base` found none): about the one holding the most of them; "" when there is none."""
   current = {tuple(e) for e in entries(train_files)}
   best = None
   for root, held, summary in _stores(prepared_dir, content_key):
-    kept, removed = held & current, held - current
-    if kept and removed and (best is None or len(kept) > len(best[1])):
-      best = (root, kept, removed, summary)
-  if best is None:
-    return ""
-  root, kept, removed, summary = best
-  first = sorted(removed)[0][0] + (", ..." if len(removed) > 1 else "")
-  if summary.get("train_file_reports") is None:
+    kept = held & current
+    _, _, reason = update_window(summary, current, bounds)
+    if kept and reason and (best is None or len(kept) > best[0]):
+      best = (len(kept), f"store {root} {reason}")
+  return best[1] if best else ""
+
+
+def _bounds(summary: dict) -> tuple:
+  return tuple(summary.get("time_bounds") or NO_BOUNDS)
+
+
+def update_window(summary: dict, current: set, bounds) -> tuple[bool, tuple | None, str]:
+  """Whether the store of `summary` can be updated into the store of the `current` files
+  (entries) within `bounds` (since, until: Unix seconds, None for none), reading none of its
+  files: (True, window, "") where it can, window being the first and last second of the rows
+  it keeps (None: all of them); (False, None, why) where it cannot ("" when it holds nothing
+  of use).
+
+  From each file's first and last second (`reader.FileReport`, kept in the summary since
+  stores kept them): the store's rows within the window must be exactly the rows of the files
+  it keeps that the new bounds take, so each kept file's rows within the new bounds must lie
+  within the store's own bounds, and every row of the files leaving must lie outside the
+  window, before or after it. Daily dumps leaving a rolling window are the case this serves;
+  files whose times interleave with the rest (a day from the middle, or, without bounds, a
+  day of late results) are built in full.
+  """
+  held = {tuple(e) for e in summary["train_file_entries"]}
+  removed, old = held - current, _bounds(summary)
+  if not removed and old == tuple(bounds):
+    return True, None, ""  # new files appended to every row it has
+  reports = summary.get("train_file_reports")
+  if reports is None:
     return (
-      f"store {root} holds {len(removed)} file(s) no longer listed ({first}) and was"
-      " prepared before stores kept their files' times, so they cannot be taken out"
+      False,
+      None,
+      f"was prepared before stores kept their files' times, so its {len(removed)} file(s) no"
+      " longer listed cannot be taken out, nor its time bounds changed",
     )
+  low, high = _inclusive(bounds)
+  old_low, old_high = _inclusive(old)
+  kept, gone = [], []
+  for entry, report in zip(summary["train_file_entries"], reports, strict=True):
+    first, last = report[2], report[3]
+    if first is None:
+      continue
+    if tuple(entry) in removed:
+      gone.append((first, last, entry[0]))
+      continue
+    kept.append((first, last))
+    start, stop = max(first, low), min(last, high)
+    if start <= stop and (start < old_low or stop > old_high):
+      return (
+        False,
+        None,
+        f"was prepared within {local_runner.span_text(old)}, which leaves out rows within"
+        f" {local_runner.span_text(bounds)} of {entry[0]}, a file it keeps",
+      )
+  if not kept:
+    return False, None, ""
+  low = max(low, old_low, min(f for f, _ in kept))
+  high = min(high, old_high, max(t for _, t in kept))
+  if low > high:
+    return False, None, ""  # none of its rows stays
+  between = [uri for first, last, uri in gone if not (last < low or first > high)]
+  if between:
+    more = ", ..." if len(between) > 1 else ""
+    return (
+      False,
+      None,
+      f"holds {len(between)} file(s) no longer listed ({sorted(between)[0]}{more}) whose rows"
+      f" are not all before, or all after, those it keeps",
+    )
+  return True, (low, high), ""
+
+
+def _inclusive(bounds) -> tuple[float, float]:
+  """(since, until) as the first and last second they take (infinite where unbounded)."""
+  since, until = bounds
   return (
-    f"store {root} holds {len(removed)} file(s) no longer listed ({first}) whose rows are"
-    f" not all before, or all after, those of the {len(kept)} file(s) it keeps"
+    -np.inf if since is None else since,
+    np.inf if until is None else until - 1,
   )
 
 
-def removal_window(summary: dict, removed: set) -> tuple[int, int] | None:
-  """(first, last) second of the rows of the store's files other than `removed`, when every
-  row of the `removed` files lies outside it, before or after; else None.
-
-  From each file's first and last second (`reader.FileReport`, kept in the summary since
-  stores kept them): the rows outside the window are then exactly the removed files' rows,
-  so keeping the window's rows gives the store of the other files, byte for byte. Daily dumps
-  leaving a rolling window are the case this serves; files whose times interleave with the
-  rest (a day from the middle) are built in full.
-  """
-  reports = summary.get("train_file_reports")
-  if reports is None:
-    return None  # a store from before the files' times were kept
-  gone, kept = [], []
-  for entry, report in zip(summary["train_file_entries"], reports, strict=True):
-    first, last = report[2], report[3]
-    if first is not None:
-      (gone if tuple(entry) in removed else kept).append((first, last))
-  if not kept:
-    return None  # nothing of the store stays: a build of the new files is the whole work
-  low, high = min(f for f, _ in kept), max(t for _, t in kept)
-  if all(last < low or first > high for first, last in gone):
-    return low, high
-  return None
-
-
 def superseded(
-  prepared_dir: str, content_key: str, train_files: list[remote.FileEntry], base: str = ""
+  prepared_dir: str,
+  content_key: str,
+  train_files: list[remote.FileEntry],
+  base: str = "",
+  bounds=NO_BOUNDS,
 ) -> list:
-  """The complete stores in `prepared_dir` that the store of `train_files` supersedes: of
-  the same content key, each holding a part of these files and no other file, and `base`,
-  the store it was made from (which may hold files no longer listed)."""
+  """The complete stores in `prepared_dir` that the store of `train_files` within `bounds`
+  supersedes: of the same content key and bounds, each holding a part of these files and no
+  other file, and `base`, the store it was made from (which may hold files no longer listed,
+  or other bounds)."""
   current = {tuple(e) for e in entries(train_files)}
   return [
     root
-    for root, held, _ in _stores(prepared_dir, content_key)
-    if held < current or (base and os.path.abspath(root) == os.path.abspath(base))
+    for root, held, summary in _stores(prepared_dir, content_key)
+    if (held < current and _bounds(summary) == tuple(bounds))
+    or (base and os.path.abspath(root) == os.path.abspath(base))
   ]
 
 

@@ -37,6 +37,7 @@ def runner(beam_args: list[str]):
       "buckets": buckets,
       "hashed": local_runner.uses_hashed_order(config),
       "skip_bad": config.network_skip_bad_rows,
+      "bounds": local_runner.time_bounds(config),
     }
     pipeline_options = PipelineOptions(beam_args or ["--runner=DirectRunner"])
     with (
@@ -78,6 +79,7 @@ def _read_and_partition(indexed, options, settings, reports_dir):
     hashed=settings["hashed"],
     skip_bad=settings["skip_bad"],
     report=report,
+    bounds=settings["bounds"],
   ):
     yield bucket, chunk.to_bytes()
   result = {"uri": entry.uri, "report": report.files[entry.uri].to_json()}

@@ -10,16 +10,18 @@ does.
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 
 import numpy as np
 import tqdm
 
+from maxtext_netdata.config import iso_seconds
 from maxtext_netdata.data.prepare import assemble, partition
 from maxtext_netdata.data.raw import reader
 from maxtext_netdata.data.store import store
-from maxtext_netdata.errors import DataError, WritesTo
+from maxtext_netdata.errors import ConfigError, DataError, WritesTo
 
 
 def uses_hashed_order(config) -> bool:
@@ -27,11 +29,39 @@ def uses_hashed_order(config) -> bool:
   return config.network_field_order == "hashed"
 
 
+def time_bounds(config) -> tuple[int | None, int | None]:
+  """(since, until) in Unix seconds of `network_since` / `network_until` (None: no bound): the
+  rows prepare keeps are those at or after since and before until."""
+  since, until = (
+    iso_seconds(text) if text else None for text in (config.network_since, config.network_until)
+  )
+  if since is not None and until is not None and until <= since:
+    raise ConfigError(
+      f"network_until ({config.network_until}) must be after network_since ({config.network_since})"
+    )
+  return since, until
+
+
+def span_text(bounds) -> str:
+  """`time_bounds` as text: "2025-07-02 00:00:00 to 2025-07-09 00:00:00 UTC"."""
+
+  def utc(seconds: int | None) -> str:
+    if seconds is None:
+      return "..."
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+  since, until = bounds
+  if since is None and until is None:
+    return "no time bounds"
+  return f"{utc(since)} to {utc(until)} UTC"
+
+
 def spill(config, options, files, metadata, *, buckets, folder, progress, on_chunk=None):
   """Read and partition every file into a `SpillWriter`: (the writer, read report)."""
   writer = SpillWriter(folder, buckets)
   report = reader.ReadReport()
   with_order, skip_bad = uses_hashed_order(config), config.network_skip_bad_rows
+  bounds = time_bounds(config)
   total = sum(m.num_rows for m in metadata)
   with tqdm.tqdm(
     total=total, desc="prepare: read", unit="row", unit_scale=True, disable=not progress
@@ -47,6 +77,7 @@ def spill(config, options, files, metadata, *, buckets, folder, progress, on_chu
           skip_bad=skip_bad,
           report=report,
           on_rows=bar.update,
+          bounds=bounds,
         )
         for bucket, chunk in parts:
           writer.add(bucket, chunk)

@@ -144,15 +144,27 @@ def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tu
   return out
 
 
-def read_partitioned(entry, metadata, options, *, buckets, hashed, skip_bad, report, on_rows=None):
-  """(bucket, Chunk) of every valid row of one file (`reader.read_batches`); counts the rows
-  read and skipped in `report` (a `reader.ReadReport`, with the file's own `FileReport`), and
-  calls `on_rows(rows)` per batch."""
+def read_partitioned(
+  entry, metadata, options, *, buckets, hashed, skip_bad, report, on_rows=None, bounds=(None, None)
+):
+  """(bucket, Chunk) of every valid row of one file (`reader.read_batches`) within `bounds`
+  (since, until: Unix seconds, None for none); counts the rows read and skipped in `report` (a
+  `reader.ReadReport`, with the file's own `FileReport`, of all its valid rows), and calls
+  `on_rows(rows)` per batch."""
   file = report.files[entry.uri] = reader.FileReport()
+  since, until = bounds
   for columns, skipped, rows in reader.read_batches(entry, metadata, options, skip_bad=skip_bad):
     report.rows_read += rows
     report.skipped.merge(skipped)
     file.add(rows, skipped, columns.seconds)
+    if (since is not None or until is not None) and len(columns):
+      inside = np.ones(len(columns), bool)
+      if since is not None:
+        inside &= columns.seconds >= since
+      if until is not None:
+        inside &= columns.seconds < until
+      if not inside.all():
+        columns = columns.select(inside)
     if len(columns):
       yield from partition(columns, buckets, hashed)
     if on_rows is not None:

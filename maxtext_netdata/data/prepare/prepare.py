@@ -82,17 +82,21 @@ def fingerprint(
   config, train_files: list[remote.FileEntry], eval_files: list[remote.FileEntry]
 ) -> str:
   """Hex digest naming the store that `config` and these files produce."""
+  bounds = local_runner.time_bounds(config)
   return _digest(
     {
       **_description(config, eval_files),
       "train_files": [dataclasses.astuple(f) for f in train_files],
+      # Only when set: the stores of configs without a window keep their names.
+      **({"time_bounds": list(bounds)} if bounds != (None, None) else {}),
     }
   )
 
 
 def content_key(config, eval_files: list[remote.FileEntry]) -> str:
-  """Hex digest of everything in the fingerprint but the train files: stores of one content
-  key differ only in their train files, so one can be appended to (`data.prepare.append`)."""
+  """Hex digest of everything in the fingerprint but the train files and the time bounds:
+  stores of one content key differ only in their train files and time bounds, so one can be
+  updated into another (`data.prepare.append`)."""
   return _digest(_description(config, eval_files))
 
 
@@ -120,8 +124,9 @@ def prepare(
     local_dir = os.path.dirname(splits.summary["path"])
     made_from = (splits.summary.get("appended") or splits.summary.get("removed") or {}).get("base")
     roots = append.superseded(
-      local_dir, content_key(config, eval_files), train_files, made_from or ""
-    )
+      local_dir, content_key(config, eval_files), train_files, made_from or "",
+      local_runner.time_bounds(config),
+    )  # fmt: skip
     freed = sum(append.remove_store(root) for root in roots)
     splits.summary["pruned"] = {"stores": roots, "bytes": freed}
   return splits
@@ -167,8 +172,9 @@ def _prepare(
       else:
         base, key = None, content_key(config, eval_files)
         if not force and append.appendable(config):
-          base = append.find_base(local_dir, key, train_files)
-          why = "" if base else append.no_base_reason(local_dir, key, train_files)
+          bounds = local_runner.time_bounds(config)
+          base = append.find_base(local_dir, key, train_files, bounds)
+          why = "" if base else append.no_base_reason(local_dir, key, train_files, bounds)
           if why and progress:
             print(f"prepare: building in full: {why}", file=sys.stderr)
         build = _build if base is None else functools.partial(_append, base=base)
@@ -290,7 +296,7 @@ def _build(config, options, train_files, eval_files, tmp, fp, progress, runner) 
   if eval_files:
     eval_meta = {"fingerprint": fp, "source_files": [f.uri for f in eval_files]}
     eval_counts, eval_report, _ = _build_group(
-      config,
+      config.replace(network_since="", network_until=""),  # the eval files are kept whole
       options,
       eval_files,
       work=tmp,
@@ -321,12 +327,15 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
     zip(map(tuple, old["train_file_entries"]), old.get("train_file_reports") or [], strict=False)
   )
   removed = [reader.FileReport.from_json(old_reports[tuple(e)]) for e in base.removed]
-  removed_rows = sum(r.rows_read - r.skipped.total for r in removed)
+  bounds = local_runner.time_bounds(config)
+  rebound = tuple(old.get("time_bounds") or append.NO_BOUNDS) != bounds
   if progress:
-    said = [f"appending {len(base.new_files)} new file(s) to"] if base.new_files else []
+    said = [f"appending {len(base.new_files)} new file(s)"] if base.new_files else []
     if removed:
-      said.append(f"removing {len(removed)} file(s) ({removed_rows:,} rows) from")
-    print(f"prepare: {' and '.join(said)} store {base.root}", file=sys.stderr)
+      said.append(f"removing {len(removed)} file(s) no longer listed")
+    if rebound:
+      said.append(f"keeping the rows within {local_runner.span_text(bounds)}")
+    print(f"prepare: updating store {base.root}: {', '.join(said)}", file=sys.stderr)
   delta = os.path.join(tmp, ".delta")
   meta = {"fingerprint": fp, "source_files": [f.uri for f in train_files]}
   names = assemble.split_names(config.network_split)
@@ -338,6 +347,9 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
     )  # fmt: skip
     new_rows = sum(new_counts[n]["rows"] for n in names)
   merge_start = time.perf_counter()
+  # The bar's total: exact unless the time bounds changed (then the rows they drop are not
+  # known before the merge).
+  removed_rows = sum(r.rows_read - r.skipped.total for r in removed)
   rows = sum(old["splits"][n]["rows"] for n in names) + new_rows - removed_rows
   batch_rows = partition.bucket_rows(config.network_prepare_memory_mb)
   counts = {}
@@ -387,8 +399,10 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
       "new_files": len(base.new_files),
       "new_rows_read": report.rows_read,
     }
-  if removed:
-    summary["removed"] = {**made, "files": len(removed), "rows": removed_rows}
+  if removed or rebound:
+    kept = sum(counts[n]["rows"] for n in names) - new_rows
+    dropped = sum(old["splits"][n]["rows"] for n in names) - kept
+    summary["removed"] = {**made, "files": len(removed), "rows": dropped, "rebound": rebound}
   return summary
 
 
@@ -411,6 +425,7 @@ def _summary(
     "eval_files": [f.uri for f in eval_files],
     "network_split": config.network_split,
     "network_test_fraction": config.network_test_fraction,
+    "time_bounds": list(local_runner.time_bounds(config)),
     "rows_read": report.rows_read,
     "rows": total,
     "probes": probes,
@@ -460,6 +475,13 @@ def format_summary(summary: dict) -> str:
   for name in ("train", "test", "eval"):
     if name in splits:
       lines.append(f"{name:<9} {splits[name]['rows']:,} rows, {splits[name]['probes']:,} probes")
+  since, until = summary.get("time_bounds") or (None, None)
+  if since is not None or until is not None:
+    outside = (
+      summary["rows_read"] - summary["skipped_rows"] - sum(s["rows"] for s in splits.values())
+    )
+    span = local_runner.span_text((since, until))
+    lines.append(f"window    {span}: {outside:,} valid rows outside it")
   appended = summary.get("appended")
   if appended:
     lines.append(
@@ -469,10 +491,11 @@ def format_summary(summary: dict) -> str:
     )
   removed = summary.get("removed")
   if removed:
+    why = [f"{removed['files']:,} file(s) no longer listed"] if removed["files"] else []
+    why += ["the rows outside the new time bounds"] if removed.get("rebound") else []
     lines.append(
-      f"removed   {removed['files']:,} file(s) no longer listed, {removed['rows']:,} rows,"
-      f" from {removed['base']} ({removed['base_rows']:,} rows)"
-      + ("" if appended else f"; copied in {removed['merge_seconds']:.2f} s")
+      f"removed   {removed['rows']:,} rows of {removed['base']} ({removed['base_rows']:,} rows):"
+      f" {', '.join(why)}" + ("" if appended else f"; copied in {removed['merge_seconds']:.2f} s")
     )
   pruned = summary.get("pruned")
   if pruned is not None:

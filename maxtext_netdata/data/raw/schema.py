@@ -43,6 +43,20 @@ class RawColumns:
   def __len__(self) -> int:
     return len(self.rtt)
 
+  def select(self, keep: np.ndarray) -> RawColumns:
+    """The rows where `keep` (bool [N]) is true, in order."""
+    mask = pa.array(keep)
+    return RawColumns(
+      src=self.src[keep],
+      dst=self.dst[keep],
+      version=self.version[keep],
+      seconds=self.seconds[keep],
+      rtt=self.rtt[keep],
+      src_text=self.src_text.filter(mask),
+      dst_text=self.dst_text.filter(mask),
+      rows=self.rows[keep],
+    )
+
 
 @dataclasses.dataclass
 class SkipReport:

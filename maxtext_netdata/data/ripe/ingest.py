@@ -25,7 +25,6 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import datetime
 import os
 import shutil
 import tempfile
@@ -34,6 +33,7 @@ import time
 import pyarrow as pa
 import tqdm
 
+from maxtext_netdata.config import iso_seconds
 from maxtext_netdata.config import load as load_config
 from maxtext_netdata.data import remote
 from maxtext_netdata.data.raw.layout import (
@@ -218,12 +218,9 @@ def _seconds(text: str | None, flag: str) -> int | None:
   if text is None:
     return None
   try:
-    when = datetime.datetime.fromisoformat(text)
+    return iso_seconds(text)
   except ValueError:
     raise UserError(f"{flag}: {text!r} is not an ISO 8601 time (2025-07-01T12:00:00Z)") from None
-  if when.tzinfo is None:
-    when = when.replace(tzinfo=datetime.UTC)
-  return int(when.timestamp())
 
 
 def sample_of(args) -> Sample | None:

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from maxtext_netdata import cli
+from maxtext_netdata import cli, config
 from maxtext_netdata.data.prepare import prepare
 from maxtext_netdata.data.synthetic.generate import generate
-from maxtext_netdata.errors import DataError
+from maxtext_netdata.errors import ConfigError, DataError
 from tests.data.prepare.test_partition import _prepare_process, _wait_stopped
 from tests.data.prepare.test_prepare import good_table, make_config, with_column
 
@@ -153,13 +153,15 @@ def test_files_no_longer_listed_leave_the_store_a_full_build_gives(tmp_path, day
     "base_rows": base.summary["rows"],
     "files": len(gone),
     "rows": valid_rows(*gone),
+    "rebound": False,
     "merge_seconds": rolled.summary["removed"]["merge_seconds"],
   }
   new = sorted(set(after) - set(before))
   assert ("appended" in rolled.summary) == bool(new)
   assert_same_store(rolled, full)
   text = prepare.format_summary(rolled.summary)
-  assert f"removed   {len(gone)} file(s) no longer listed, {valid_rows(*gone):,} rows" in text
+  assert f"removed   {valid_rows(*gone):,} rows of {base.summary['path']}" in text
+  assert f"rows): {len(gone)} file(s) no longer listed" in text
   assert ("no file read" in text) == (not new)
   # The day after: the next window from the rolled store, whose file reports came through.
   if case == "the oldest day leaves, a new day comes":
@@ -177,8 +179,7 @@ def test_files_that_cannot_be_told_apart_by_time_are_built_in_full(tmp_path, day
   assert "removed" not in middle.summary and "appended" not in middle.summary
   assert (
     f"prepare: building in full: store {base.summary['path']} holds 1 file(s) no longer"
-    f" listed ({days[1]}) whose rows are not all before, or all after, those of the 2"
-    " file(s) it keeps"
+    f" listed ({days[1]}) whose rows are not all before, or all after, those it keeps"
   ) in capsys.readouterr().err
   assert middle.summary["rows_read"] == valid_rows(days[0], days[2])
   # A store written before summaries kept each file's times: appended to, not taken from.
@@ -293,15 +294,15 @@ def test_cli_says_what_it_appended_removed_and_pruned(tmp_path, days, capsys):
   base = lines["appended  "].split(" to ")[1].split(" (")[0]
   assert lines["pruned    "].startswith(f"1 superseded store(s) ({os.path.basename(base)})")
   assert not os.path.exists(base)
-  assert "prepare: appending 1 new file(s) to store" in err
+  assert "prepare: updating store " in err and ": appending 1 new file(s)\n" in err
   # A rolling window: the first day leaves as the third comes; the base goes with --prune.
   lines, err = run(days[1], days[2])
-  gone = f"{valid_rows(days[0]):,} rows"
-  assert lines["removed   "].startswith(f"1 file(s) no longer listed, {gone}, from ")
-  base = lines["removed   "].split(" from ")[1].split(" (")[0]
+  assert lines["removed   "].startswith(f"{valid_rows(days[0]):,} rows of ")
+  assert lines["removed   "].endswith(" rows): 1 file(s) no longer listed")
+  base = lines["removed   "].split(" of ")[1].split(" (")[0]
   assert lines["pruned    "].startswith(f"1 superseded store(s) ({os.path.basename(base)})")
   assert not os.path.exists(base)
-  assert f"appending 1 new file(s) to and removing 1 file(s) ({gone}) from store" in err
+  assert ": appending 1 new file(s), removing 1 file(s) no longer listed\n" in err
 
 
 def test_prune_removes_the_stores_the_new_one_supersedes_and_no_other(tmp_path, days):
@@ -353,3 +354,101 @@ def test_an_append_killed_while_merging_leaves_the_base_and_a_rerun_appends(tmp_
   names = {base.summary["path"], appended.summary["path"]}
   assert {os.path.join(str(prep), name) for name in os.listdir(prep)} == names
   assert_same_store(appended, prepare.prepare(make_config(tmp_path / "full", days), progress=False))
+
+
+@pytest.fixture(scope="module")
+def late_days(days, tmp_path_factory):
+  """The four days, each after the first with late results: a copy of 2% of the day before's
+  rows (their times in that day), as RIPE's daily dumps hold the results that arrived that day."""
+  folder = tmp_path_factory.mktemp("late")
+  out = []
+  for k, path in enumerate(days):
+    table = pq.read_table(path)
+    if k:
+      before = pq.read_table(days[k - 1])
+      table = pa.concat_tables([table, before.slice(0, len(before) // 50)])
+    out.append(str(folder / os.path.basename(path)))
+    pq.write_table(table, out[-1])
+  return out
+
+
+def day_start(path) -> str:
+  """The first time of a day's file (before any late result is added), ISO 8601."""
+  times = pq.read_table(path, columns=["event_time"])["event_time"].to_numpy()
+  return str(times.min().astype("datetime64[s]"))
+
+
+def test_time_bounds_roll_a_window_whose_days_hold_late_results(tmp_path, days, late_days, capsys):
+  since = [day_start(path) for path in days]
+  # Without bounds the first day's rows and the second day's late ones interleave: in full.
+  prepare.prepare(make_config(tmp_path / "plain", late_days[:3]), progress=False)
+  plain = prepare.prepare(make_config(tmp_path / "plain", late_days[1:]), progress=True)
+  assert "removed" not in plain.summary
+  assert "whose rows are not all before, or all after" in capsys.readouterr().err
+  # With the window's start moved to the second day: the first day's file and the second
+  # day's late results leave the store by time, no file read but the new day.
+  inc = tmp_path / "inc"
+  base = prepare.prepare(
+    make_config(inc, late_days[:3], SMALL, f"network_since={since[0]}"), progress=False
+  )
+  rolled_config = make_config(inc, late_days[1:], SMALL, f"network_since={since[1]}")
+  rolled = prepare.prepare(rolled_config, progress=False)
+  full = prepare.prepare(
+    make_config(tmp_path / "full", late_days[1:], SMALL, f"network_since={since[1]}"),
+    progress=False,
+  )
+  assert "removed" not in full.summary
+  assert_same_store(rolled, full)
+  info = rolled.summary["removed"]
+  assert info["base"] == base.summary["path"] and info["files"] == 1 and info["rebound"]
+  late = pq.read_metadata(days[0]).num_rows // 50
+  # Kept: the second and third days, and the third day's late results of the second.
+  assert info["rows"] == base.summary["rows"] - (valid_rows(*days[1:3]) + late)
+  assert rolled.summary["appended"]["new_files"] == 1
+  start = config.iso_seconds(since[1])
+  assert min(rolled.train.seconds.min(), rolled.eval.seconds.min()) == start
+  assert rolled.summary["rows"] == valid_rows(*days[1:]) + 2 * late  # late results kept
+  text = prepare.format_summary(rolled.summary)
+  assert (
+    f"window    {since[1].replace('T', ' ')} to ... UTC: {late:,} valid rows outside it" in text
+  )
+  assert "the rows outside the new time bounds" in text
+
+
+def test_time_bounds_narrowed_read_no_file_and_widened_build_in_full(tmp_path, days, capsys):
+  until = [day_start(path) for path in days]
+  prep, overrides = tmp_path / "prep", [SMALL, f"grain_eval_files={days[3]}"]
+  prepare.prepare(make_config(prep, days[:3], *overrides), progress=False)
+  narrowed = prepare.prepare(
+    make_config(prep, days[:3], *overrides, f"network_until={until[2]}"), progress=False
+  )
+  assert narrowed.summary["removed"]["files"] == 0 and narrowed.summary["removed"]["rebound"]
+  assert "no file read" in prepare.format_summary(narrowed.summary)
+  assert narrowed.train.num_rows == valid_rows(*days[:2])
+  assert narrowed.eval.num_rows == valid_rows(days[3])  # the eval files are kept whole
+  full = prepare.prepare(
+    make_config(tmp_path / "full", days[:3], *overrides, f"network_until={until[2]}"),
+    progress=False,
+  )
+  assert_same_store(narrowed, full)
+  # From the narrowed store alone, a wider window needs rows it does not have: in full.
+  shutil.rmtree(prep)
+  prepare.prepare(
+    make_config(prep, days[:3], *overrides, f"network_until={until[2]}"), progress=False
+  )
+  capsys.readouterr()
+  widened = prepare.prepare(
+    make_config(prep, days[:3], *overrides, f"network_until={until[3]}"), progress=True
+  )
+  assert "removed" not in widened.summary
+  assert widened.train.num_rows == valid_rows(*days[:3])
+  err = capsys.readouterr().err
+  assert "which leaves out rows within" in err and "a file it keeps" in err
+
+
+def test_time_bounds_that_are_not_a_window_are_a_one_line_error(tmp_path, days):
+  bad = make_config(
+    tmp_path, days[:1], "network_since=2025-07-02", "network_until=2025-07-01T23:00:00"
+  )
+  with pytest.raises(ConfigError, match=r"network_until \(2025-07-01T23:00:00\) must be after"):
+    prepare.prepare(bad, progress=False)

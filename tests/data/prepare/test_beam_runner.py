@@ -24,7 +24,12 @@ def raw_files(tmp_path_factory):
   )
 
 
-@pytest.mark.parametrize("overrides", [(), ("network_split=time",)], ids=["probe", "time"])
+WINDOW = ("network_since=2025-07-01T01:00:00", "network_until=2025-07-01T05:00:00")
+
+
+@pytest.mark.parametrize(
+  "overrides", [(), ("network_split=time",), WINDOW], ids=["probe", "time", "time bounds"]
+)
 def test_beam_direct_runner_builds_the_builtin_store(tmp_path, raw_files, monkeypatch, overrides):
   monkeypatch.setattr(partition, "MAX_BUCKET_ROWS", 3_000)  # 7 buckets: a real GroupByKey
   builtin = prepare.prepare(store_config(tmp_path / "a", raw_files, *overrides), progress=False)
@@ -41,6 +46,8 @@ def test_beam_direct_runner_builds_the_builtin_store(tmp_path, raw_files, monkey
   for name in a:
     assert a[name] == b[name], name
   assert on_beam.summary["rows_read"] == builtin.summary["rows_read"] == 20_000
+  assert on_beam.summary["rows"] == builtin.summary["rows"]
+  assert (builtin.summary["rows"] < 20_000) == (overrides == WINDOW)
   assert on_beam.summary["probes"] == builtin.summary["probes"]
   # Each file's rows and times, by which a file later leaves the store (docs/prepare.md).
   reports = on_beam.summary["train_file_reports"]
