@@ -57,6 +57,8 @@ def test_defaults_are_base_yml():
     ("run_name=null", "run_name", "null"),
     ("grain_train_files=a.parquet,b.parquet", "grain_train_files", "a.parquet,b.parquet"),
     ("network_prepared_dir=", "network_prepared_dir", ""),
+    ("network_since=2025-07-02", "network_since", "2025-07-02"),
+    ("network_until=2025-07-09T06:00:00+02:00", "network_until", "2025-07-09T06:00:00+02:00"),
   ],
 )
 def test_override_values(override, key, expected):
@@ -90,6 +92,7 @@ def test_override_values(override, key, expected):
     ("learning_rate_schedule_steps=0", "learning_rate_schedule_steps=0 must be -1"),
     ("base_emb_dim=0", "base_emb_dim=0 must be positive"),
     ("base_num_decoder_layers=-1", "base_num_decoder_layers=-1 must be positive"),
+    ("network_since=July 2", "network_since='July 2' is not an ISO 8601 time"),
   ],
 )
 def test_override_errors(override, message):
@@ -122,6 +125,15 @@ def test_wrong_type_in_file(tmp_path):
   path = _write(tmp_path / "run.yml", {"per_device_batch_size": "eight"})
   with pytest.raises(ConfigError, match="run.yml: per_device_batch_size='eight' has type str"):
     config.load(path)
+
+
+def test_times_in_a_file_are_read_as_yaml_writes_them(tmp_path):
+  # Unquoted, YAML reads a date and a time as date and datetime objects: taken as their text.
+  path = tmp_path / "window.yml"
+  path.write_text("network_since: 2025-07-02\nnetwork_until: 2025-07-09 00:00:00\n")
+  cfg = config.load(path)
+  assert config.iso_seconds(cfg.network_since) == 1751414400  # 2025-07-02T00:00:00Z
+  assert config.iso_seconds(cfg.network_until) == 1751414400 + 7 * 86400
 
 
 def test_base_config_chain_and_override_order(tmp_path):

@@ -179,6 +179,7 @@ def test_maxtext_config_admits_network_grain_and_network_keys(data_overrides):
     *data_overrides,
     "network_field_order=hashed",
     "network_test_fraction=0.25",
+    "network_since=2025-07-02",  # a date to YAML: the key takes it as its text
     "grain_prefetch_buffer_size=100",
     "per_device_batch_size=16",
   )
@@ -187,6 +188,7 @@ def test_maxtext_config_admits_network_grain_and_network_keys(data_overrides):
   assert ours.dataset_type == "network_grain"
   assert ours.network_field_order == "hashed"
   assert ours.network_test_fraction == 0.25
+  assert ours.network_since == "2025-07-02" and ours.network_until == ""
   assert ours.max_target_length == config.max_target_length == 256
   assert ours.global_batch_size_to_load == config.global_batch_size_to_load == 16
   assert ours.grain_prefetch_buffer_size == 7  # 100 examples in batches of 16
@@ -243,6 +245,8 @@ def test_our_validation_applies_to_network_values():
     _maxtext_config("network_field_order=sorted")
   with pytest.raises(ValueError, match=r"network_test_fraction\n.*must be in \[0, 1\)"):
     _maxtext_config("network_test_fraction=1.5")
+  with pytest.raises(ValueError, match=r"network_until\n.*is not an ISO 8601 time"):
+    _maxtext_config("network_until=tomorrow")
   # A shared key MaxText admits must still pass ours when the pipeline is built.
   config = _maxtext_config("grain_worker_count=-2")
   with pytest.raises(ConfigError, match="grain_worker_count=-2 must be -1, 0 or more"):
