@@ -27,17 +27,17 @@ _CHILD = """
 import json, sys
 from maxtext_netdata import config
 from maxtext_netdata.data.prepare import prepare
-files, prepared = sys.argv[1].split(","), sys.argv[2]
-overrides = [f"grain_train_files={','.join(files)}", f"network_prepared_dir={prepared}"]
+files, prepared, extra = sys.argv[1].split(","), sys.argv[2], json.loads(sys.argv[3])
+overrides = [f"grain_train_files={','.join(files)}", f"network_prepared_dir={prepared}", *extra]
 cfg = config.load(None, overrides)
 print(json.dumps(prepare.prepare(cfg, progress=False).summary))
 """
 
 
-def _prepare(files: list[str], prepared: str) -> tuple[dict, float]:
+def _prepare(files: list[str], prepared: str, *overrides: str) -> tuple[dict, float]:
   start = time.perf_counter()
   run = subprocess.run(
-    [sys.executable, "-c", _CHILD, ",".join(files), prepared],
+    [sys.executable, "-c", _CHILD, ",".join(files), prepared, json.dumps(overrides)],
     capture_output=True,
     text=True,
     check=True,
@@ -53,12 +53,60 @@ def _store_bytes(root: str) -> int:
   )
 
 
+def _late_window(files: list[str], work: str, share: float) -> None:
+  """The window rolled by a day over days with late results, by `network_since`."""
+  import pyarrow as pa  # noqa: PLC0415
+  import pyarrow.parquet as pq  # noqa: PLC0415
+
+  late, starts, before = [], [], None
+  for k, path in enumerate(files):
+    table = pq.read_table(path)
+    starts.append(str(table["event_time"].to_numpy().min().astype("datetime64[s]")))
+    if before is not None:
+      table = pa.concat_tables([table, before.slice(0, int(len(before) * share))])
+    late.append(os.path.join(work, "late", f"day-{k:03d}.parquet"))
+    os.makedirs(os.path.dirname(late[-1]), exist_ok=True)
+    pq.write_table(table, late[-1])
+    before = pq.read_table(path)
+  mib = 2**20
+  _prepare(late[:-1], os.path.join(work, "late_inc"), f"network_since={starts[0]}")
+  rolled, rolled_s = _prepare(
+    late[1:], os.path.join(work, "late_inc"), f"network_since={starts[1]}"
+  )
+  full, full_s = _prepare(late[1:], os.path.join(work, "late_full"), f"network_since={starts[1]}")
+  removed = rolled["removed"]
+  print(
+    f"late results    {share:.0%} of each day's rows filed under the next day; the window rolled"
+    f" by network_since={starts[1]}"
+  )
+  print(
+    f"window rolled   {rolled_s:.2f} s ({rolled['seconds']:.2f} s in prepare: the new day"
+    f" {rolled['seconds'] - removed['merge_seconds']:.2f} s, the merge with"
+    f" {removed['rows']:,} rows left out {removed['merge_seconds']:.2f} s),"
+    f" peak RSS {rolled['peak_rss_bytes'] / mib:,.0f} MiB"
+  )
+  print(
+    f"its full build  {full_s:.2f} s ({full['seconds']:.2f} s in prepare),"
+    f" peak RSS {full['peak_rss_bytes'] / mib:,.0f} MiB"
+  )
+  print(f"full / rolled   {full['seconds'] / rolled['seconds']:.2f}x (time in prepare)")
+  same = rolled["fingerprint"] == full["fingerprint"]
+  print(f"same store      {same} (fingerprint {full['fingerprint']})")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--rows", type=int, default=8_000_000)
   parser.add_argument("--days", type=int, default=8)
   parser.add_argument("--data", default="", help="raw files' folder (generated when empty)")
   parser.add_argument("--keep", default="", help="stores' folder (a temporary one by default)")
+  parser.add_argument(
+    "--late",
+    type=float,
+    default=0.02,
+    help="then each day after the first with this share of the day before's rows as late"
+    " results, as RIPE's dumps have them, and the window rolled by network_since (0: not run)",
+  )
   args = parser.parse_args()
   from maxtext_netdata.data.synthetic.generate import generate  # noqa: PLC0415
 
@@ -120,6 +168,8 @@ def main() -> None:
     print(f"full / rolled   {ratio:.2f}x (time in prepare)")
     same = rolled["fingerprint"] == full_rolled["fingerprint"]
     print(f"same store      {same} (fingerprint {full_rolled['fingerprint']})")
+    if args.late > 0:
+      _late_window(files, work, args.late)
   finally:
     if not args.keep:
       shutil.rmtree(work, ignore_errors=True)
