@@ -14,8 +14,9 @@ linked from the base.
 The result is the store a full build of all the files gives, byte for byte: a store's content
 depends only on the set of its rows (docs/prepare.md, "The store"), and the merge puts them
 in the same order: probes by (hash, version, address), a probe's rows by time, ties by
-content, each probe's rows sorted again by `partition.order_bucket` (base rows first: when
-the new rows are later, as a new day's are, that is one pass over already ordered rows).
+content; a probe's rows of the two stores copied as runs where their times do not
+interleave, and only the rows whose times do sorted again by `partition.order_bucket`
+(`_Parts`).
 Memory is bounded as in a build: the union of probes is cut into batches of at most a
 bucket's rows (plus one probe), each read from the two stores with plain reads (no memory
 map: mapped pages would count in this process's memory) and written through a memory map
@@ -266,12 +267,16 @@ def merge_split(
           for name in names:
             fill = functools.partial(_copy_segments, sources, segments, name)
             writer.add_rows(name, int(union.rows[lo:hi].sum()), fill)
-        else:  # some probe's new rows fall between its old ones: sorted again, as a bucket
-          merged = partition.order_bucket([c for c in union.chunks(lo, hi, names) if len(c)])
-          writer.add_probes(np.diff(merged.probe_offsets), merged.probe_src, merged.probe_version)
+        else:  # some probe's new rows fall between its old ones: only those times sorted
+          parts = union.parts(lo, hi)
+          merged = partition.order_bucket(parts.middle_chunks(names))
+          middle = np.diff(merged.probe_offsets)
+          sizes = parts.head[:, 2] + parts.tail[:, 2]
+          sizes[parts.has_middle] += middle
+          writer.add_probes(sizes, union.src[lo:hi], union.version[lo:hi])
           for name in names:
-            fill = functools.partial(merged.column_into, name, None)
-            writer.add_rows(name, merged.num_rows, fill)
+            fill = functools.partial(parts.fill, merged, name)
+            writer.add_rows(name, int(sizes.sum()), fill)
           del merged
         if bar is not None:
           bar.update(int(union.rows[lo:hi].sum()))
@@ -341,6 +346,7 @@ class _Source:
     # Each probe's first and last second: a few pages of the map, unmapped at once.
     self.first = np.array(split.seconds[self.starts])
     self.last = np.array(split.seconds[stops - 1])
+    self.seconds = split.seconds  # mapped: binary searches read a few pages of it
     self.files = {}
     for name in store.ROW_ARRAYS:
       array = getattr(split, name)  # checked for dtype and shape
@@ -356,10 +362,13 @@ class _Source:
     if f.readinto(memoryview(out).cast("B")) != out.nbytes:
       raise OSError(f"{f.name}: shorter than its header says")
 
-  def chunk(self, lo: int, hi: int, names: list[str]) -> partition.Chunk:
-    """Probes [lo, hi) with their rows, as a `partition.Chunk`."""
-    runs = _joined((int(self.starts[p]), int(self.sizes[p])) for p in range(lo, hi))
-    rows = int(self.sizes[lo:hi].sum())
+  def ranges_chunk(
+    self, probes: np.ndarray, starts: np.ndarray, sizes: np.ndarray, names: list[str]
+  ) -> partition.Chunk:
+    """Rows [starts[k], starts[k] + sizes[k]) of each probe `probes[k]` (in store order), as
+    a `partition.Chunk`."""
+    runs = _joined(zip(starts.tolist(), sizes.tolist(), strict=True))
+    rows = int(sizes.sum())
     columns = {}
     for name in names:
       dtype, tail = store.ROW_ARRAYS[name]
@@ -368,8 +377,8 @@ class _Source:
       for start, n in runs:
         self.read_into(name, start, columns[name][at : at + n])
         at += n
-    probe = np.repeat(np.arange(hi - lo, dtype=np.int32), self.sizes[lo:hi])
-    return partition.Chunk(self.keys[lo:hi], self.hashes[lo:hi], probe, columns)
+    probe = np.repeat(np.arange(len(probes), dtype=np.int32), sizes)
+    return partition.Chunk(self.keys[probes], self.hashes[probes], probe, columns)
 
   def close(self) -> None:
     for f, _ in self.files.values():
@@ -396,8 +405,8 @@ class _Union:
     self.index = np.full((groups, len(sources)), -1, np.int64)
     self.index[group, which] = local
     self.rows = np.zeros((groups, len(sources)), np.int64)
-    first = np.full((groups, len(sources)), np.iinfo(np.int64).max)
-    last = np.full((groups, len(sources)), np.iinfo(np.int64).min)
+    self.first = first = np.full((groups, len(sources)), np.iinfo(np.int64).max)
+    self.last = last = np.full((groups, len(sources)), np.iinfo(np.int64).min)
     for i, s in enumerate(sources):
       there = self.index[:, i] >= 0
       probe = self.index[there, i]
@@ -436,19 +445,115 @@ class _Union:
           out.append((int(i), start, n))
     return out
 
-  def chunks(self, lo: int, hi: int, names: list[str]) -> list[partition.Chunk]:
-    """Groups [lo, hi) as one `partition.Chunk` per source (its probes there are consecutive)."""
+  def parts(self, lo: int, hi: int) -> _Parts:
+    """Groups [lo, hi) as a head, a middle and a tail each (`_Parts`)."""
+    return _Parts(self, lo, hi)
+
+
+class _Parts:
+  """Each group's rows as three parts in store order: a head, the rows of the source that
+  starts first from before the other source's first second; a tail, the rows of the source
+  that ends last from after the other's last second; and between them the middle, the rows
+  of both sources whose times overlap, the only ones sorted again (`partition.order_bucket`).
+  A day appended whose late results fall in the base's last day sorts about a day of rows
+  per probe, not the probe's whole window; a probe in one source, or whose sources do not
+  interleave, is a head alone.
+
+  `head` and `tail` are [G, 3] (source, first row, rows); `middle` [G, 2, 2] (first row, rows)
+  in each source; `has_middle` [G] whether a group has middle rows.
+  """
+
+  def __init__(self, union: _Union, lo: int, hi: int):
+    assert len(union.sources) <= 2, "a merge has a base and a delta"
+    self.union, self.lo = union, lo
+    groups = hi - lo
+    index, rows = union.index[lo:hi], union.rows[lo:hi]
+    self.head = np.zeros((groups, 3), np.int64)
+    self.tail = np.zeros((groups, 3), np.int64)
+    self.middle = np.zeros((groups, 2, 2), np.int64)
+    one = (index >= 0).sum(axis=1) == 1
+    for i, source in enumerate(union.sources):
+      alone = one & (index[:, i] >= 0)
+      self.head[alone] = np.stack(
+        [np.full(alone.sum(), i), source.starts[index[alone, i]], rows[alone, i]], axis=1
+      )
+    both = np.flatnonzero(~one)
+    if len(both):
+      self._split(both, union.by_time[lo:hi][both, 0], index, rows, lo)
+    self.has_middle = self.middle[:, :, 1].sum(axis=1) > 0
+
+  def _split(self, both, early, index, rows, lo):
+    """Head, middle and tail of the groups `both` (in both sources), `early` the source that
+    starts first in each."""
+    union = self.union
+    g = both + lo
+    starts = np.stack(
+      [s.starts[np.maximum(index[both, i], 0)] for i, s in enumerate(union.sources)], axis=1
+    )
+    stops = starts + rows[both]
+    late = 1 - early
+    late_ends = union.last[g, late] >= union.last[g, early]  # the late source ends last too
+    ender = np.where(late_ends, late, early)
+    # Head: the early source's rows before the late one's first second.
+    head_end = np.empty(len(both), np.int64)
+    tail_start = np.empty(len(both), np.int64)
+    for i, source in enumerate(union.sources):
+      mine = early == i
+      head_end[mine] = _search(
+        source.seconds, starts[mine, i], stops[mine, i], union.first[g[mine], 1 - i], right=False
+      )
+      # Tail: the last-ending source's rows after the other's last second.
+      mine = ender == i
+      tail_start[mine] = _search(
+        source.seconds, starts[mine, i], stops[mine, i], union.last[g[mine], 1 - i], right=True
+      )
+    k = np.arange(len(both))
+    self.head[both] = np.stack([early, starts[k, early], head_end - starts[k, early]], axis=1)
+    self.tail[both] = np.stack([ender, tail_start, stops[k, ender] - tail_start], axis=1)
+    # Middle: the rest of each source, between its head (early source) and tail (ender).
+    first = starts.copy()
+    first[k, early] = head_end
+    last = stops.copy()
+    last[k, ender] = np.minimum(last[k, ender], tail_start)
+    self.middle[both, :, 0] = first
+    self.middle[both, :, 1] = np.maximum(last - first, 0)
+
+  def middle_chunks(self, names: list[str]) -> list[partition.Chunk]:
+    """The middle rows as one `partition.Chunk` per source."""
     out = []
-    for i, s in enumerate(self.sources):
-      there = self.index[lo:hi, i]
-      there = there[there >= 0]
-      first, stop = (int(there[0]), int(there[-1]) + 1) if len(there) else (0, 0)
-      out.append(s.chunk(first, stop, names))
+    for i, source in enumerate(self.union.sources):
+      groups = np.flatnonzero(self.middle[:, i, 1] > 0)
+      if len(groups):
+        local = self.union.index[self.lo + groups, i]
+        out.append(
+          source.ranges_chunk(local, self.middle[groups, i, 0], self.middle[groups, i, 1], names)
+        )
     return out
+
+  def fill(self, merged: partition.SortedBucket, name: str, out: np.ndarray) -> None:
+    """Column `name` of the groups in store order into `out`: head, middle, tail of each."""
+    middle = merged.column(name)
+    offsets = merged.probe_offsets
+    sources, at, k = self.union.sources, 0, 0
+    out = out.view(np.ndarray)  # a memory map's slices are memmap objects: ~4 us each
+    for g in range(len(self.head)):
+      i, start, n = (int(x) for x in self.head[g])
+      if n:
+        sources[i].read_into(name, start, out[at : at + n])
+        at += n
+      if self.has_middle[g]:
+        n = int(offsets[k + 1] - offsets[k])
+        out[at : at + n] = middle[offsets[k] : offsets[k + 1]]
+        at, k = at + n, k + 1
+      i, start, n = (int(x) for x in self.tail[g])
+      if n:
+        sources[i].read_into(name, start, out[at : at + n])
+        at += n
+    assert at == len(out), (at, len(out))
 
 
 def _copy_segments(sources, segments, name: str, out: np.ndarray) -> None:
-  at = 0
+  out, at = out.view(np.ndarray), 0  # as in `_Parts.fill`
   for i, start, n in segments:
     sources[i].read_into(name, start, out[at : at + n])
     at += n
@@ -466,17 +571,19 @@ def _joined(runs) -> list[tuple[int, int]]:
   return out
 
 
-def _search(seconds, lo: np.ndarray, hi: np.ndarray, value: int, *, right: bool) -> np.ndarray:
+def _search(seconds, lo: np.ndarray, hi: np.ndarray, value, *, right: bool) -> np.ndarray:
   """For each range [lo[p], hi[p]) of non-decreasing `seconds` (a memory map: only the rows
-  looked at are read), the first row whose second is >= `value` (> `value` if `right`):
-  a binary search in all ranges at once, ~log2(rows) reads of one row per range."""
+  looked at are read), the first row whose second is >= `value` (> `value` if `right`; one
+  value, or one per range): a binary search in all ranges at once, ~log2(rows) reads of one
+  row per range."""
   lo, hi = lo.copy(), hi.copy()
+  value = np.broadcast_to(np.asarray(value), lo.shape)
   while True:
     active = np.flatnonzero(lo < hi)
     if not len(active):
       return lo
     mid = (lo[active] + hi[active]) // 2
     at = np.asarray(seconds[mid])
-    below = at <= value if right else at < value
+    below = at <= value[active] if right else at < value[active]
     lo[active[below]] = mid[below] + 1
     hi[active[~below]] = mid[~below]

@@ -70,6 +70,7 @@ CASES = {
   "a new day": ([0, 1, 2], [3], []),
   "an earlier day": ([1, 2, 3], [0], []),
   "days between": ([0, 2], [1, 3], []),
+  "a day within the base's days": ([0, 2], [1], []),
   # With eval files no train row is held out, so even the time split can be appended to; its
   # new files go through the built-in runner's pieces, as Beam's do.
   "hashed order, eval files, time split": (
