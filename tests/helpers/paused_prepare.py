@@ -6,7 +6,7 @@ The stages wrap the real functions at the boundaries between prepare's steps:
 - `partitioned`: every file spilled (`local_runner.spill` returned);
 - `sorted`: the first sorted bucket written into the splits (`assemble.Assembler.add`);
 - `assembled`: every split written, the summary not yet (`prepare._summary` called);
-- `merging`: new files appended to a store, its first split merged (`append.merge_split`).
+- `merging`: new files appended to a store, its first split merged (`merge.merge_split`).
 """
 
 import functools
@@ -15,7 +15,7 @@ import signal
 import sys
 
 from maxtext_netdata import cli
-from maxtext_netdata.data.prepare import append, assemble, local_runner, partition, prepare
+from maxtext_netdata.data.prepare import assemble, local_runner, merge, partition, prepare
 
 STAGES = ("reading", "partitioned", "sorted", "assembled", "merging")
 
@@ -61,7 +61,7 @@ def _install(stage: str) -> None:
 
     prepare._summary = stop_then_summary
   elif stage == "merging":
-    append.merge_split = _after_first(append.merge_split)
+    merge.merge_split = _after_first(merge.merge_split)
   else:
     raise SystemExit(f"stage must be one of {', '.join(STAGES)}")
 

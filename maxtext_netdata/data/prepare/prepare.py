@@ -44,7 +44,14 @@ import psutil
 
 from maxtext_netdata.config import load as load_config
 from maxtext_netdata.data import remote
-from maxtext_netdata.data.prepare import append, assemble, local_runner, partition
+from maxtext_netdata.data.prepare import (
+  append,
+  assemble,
+  local_runner,
+  merge,
+  partition,
+  summary_text,
+)
 from maxtext_netdata.data.raw import reader
 from maxtext_netdata.data.store import remote_copy, store
 from maxtext_netdata.errors import ConfigError, DataError
@@ -353,16 +360,16 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
   rows = sum(old["splits"][n]["rows"] for n in names) + new_rows - removed_rows
   batch_rows = partition.bucket_rows(config.network_prepare_memory_mb)
   counts = {}
-  with append.merge_bar(rows, progress) as bar:
+  with merge.merge_bar(rows, progress) as bar:
     for name in names:
-      counts[name] = append.merge_split(
+      counts[name] = merge.merge_split(
         os.path.join(base.root, name), os.path.join(delta, name), os.path.join(tmp, name),
         {**meta, "split": name}, batch_rows=batch_rows, bar=bar, window=base.window,
       )  # fmt: skip
   shutil.rmtree(delta, ignore_errors=True)
   if eval_files:
     eval_meta = {"fingerprint": fp, "source_files": [f.uri for f in eval_files], "split": "eval"}
-    counts["eval"] = append.link_split(
+    counts["eval"] = merge.link_split(
       os.path.join(base.root, "eval"), os.path.join(tmp, "eval"), eval_meta
     )
   probes = sum(counts[n]["probes"] for n in names)
@@ -463,64 +470,6 @@ def peak_rss_bytes() -> int:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def format_summary(summary: dict) -> str:
-  """The summary as a few readable lines."""
-  splits = summary["splits"]
-  lines = [
-    f"store     {summary['path']}{'  (cached)' if summary.get('cached') else ''}"
-    + (f"  (copied from {summary['copied_from']})" if summary.get("copied_from") else ""),
-    f"rows      {summary['rows']:,} of {summary['rows_read']:,} read, "
-    f"{summary['probes']:,} probes, {summary['failed_share']:.1%} failed",
-  ]
-  for name in ("train", "test", "eval"):
-    if name in splits:
-      lines.append(f"{name:<9} {splits[name]['rows']:,} rows, {splits[name]['probes']:,} probes")
-  since, until = summary.get("time_bounds") or (None, None)
-  if since is not None or until is not None:
-    outside = (
-      summary["rows_read"] - summary["skipped_rows"] - sum(s["rows"] for s in splits.values())
-    )
-    span = local_runner.span_text((since, until))
-    lines.append(f"window    {span}: {outside:,} valid rows outside it")
-  appended = summary.get("appended")
-  if appended:
-    lines.append(
-      f"appended  {appended['new_files']:,} new file(s), {appended['new_rows_read']:,} rows read,"
-      f" to {appended['base']} ({appended['base_rows']:,} rows); merged in"
-      f" {appended['merge_seconds']:.2f} s"
-    )
-  removed = summary.get("removed")
-  if removed:
-    why = [f"{removed['files']:,} file(s) no longer listed"] if removed["files"] else []
-    why += ["the rows outside the new time bounds"] if removed.get("rebound") else []
-    lines.append(
-      f"removed   {removed['rows']:,} rows of {removed['base']} ({removed['base_rows']:,} rows):"
-      f" {', '.join(why)}" + ("" if appended else f"; copied in {removed['merge_seconds']:.2f} s")
-    )
-  pruned = summary.get("pruned")
-  if pruned is not None:
-    names = ", ".join(os.path.basename(root) for root in pruned["stores"]) or "none"
-    lines.append(
-      f"pruned    {len(pruned['stores'])} superseded store(s) ({names}),"
-      f" {pruned['bytes'] / 1e6:,.1f} MB freed"
-    )
-  if summary["skipped"]:
-    reasons = ", ".join(f"{reason}: {n:,}" for reason, n in sorted(summary["skipped"].items()))
-    lines.append(f"skipped   {summary['skipped_rows']:,} rows ({reasons})")
-  if removed and not appended:
-    lines.append(f"speed     {summary['seconds']:.2f} s, no file read")
-  else:
-    lines.append(
-      f"speed     {summary['seconds']:.2f} s, {summary['rows_per_s']:,} rows/s, "
-      f"{summary['rows_per_cpu_s']:,} rows per CPU-second" + (" (rows read)" if appended else "")
-    )
-  lines.append(
-    f"memory    peak RSS {summary['peak_rss_bytes'] / 2**20:,.0f} MiB, "
-    f"{summary['peak_bytes_per_row']} bytes per raw row above the start"
-  )
-  return "\n".join(lines)
-
-
 def run(args) -> int:
   config = load_config(args.config, args.overrides)
   runner = None
@@ -533,5 +482,5 @@ def run(args) -> int:
   elif getattr(args, "passthrough", []):
     raise ConfigError("options after `--` are Beam pipeline options: add --runner beam")
   splits = prepare(config, progress=True, force=args.force, runner=runner, prune=args.prune)
-  print(format_summary(splits.summary))
+  print(summary_text.format_summary(splits.summary))
   return 0

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from maxtext_netdata import cli, config
-from maxtext_netdata.data.prepare import prepare
+from maxtext_netdata.data.prepare import prepare, summary_text
 from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.errors import ConfigError, DataError
 from tests.data.prepare.test_partition import _prepare_process, _wait_stopped
@@ -101,7 +101,7 @@ def test_new_files_are_appended_into_the_store_a_full_build_gives(tmp_path, days
   assert_same_store(appended, full)
   if eval_files:
     assert appended.eval.num_rows == pq.read_metadata(days[3]).num_rows
-  assert "appended  " in prepare.format_summary(appended.summary)
+  assert "appended  " in summary_text.format_summary(appended.summary)
   # The next day is appended to the appended store, the one holding the most of the files.
   if case == "a new day":
     shutil.rmtree(full.summary["path"])
@@ -160,7 +160,7 @@ def test_files_no_longer_listed_leave_the_store_a_full_build_gives(tmp_path, day
   new = sorted(set(after) - set(before))
   assert ("appended" in rolled.summary) == bool(new)
   assert_same_store(rolled, full)
-  text = prepare.format_summary(rolled.summary)
+  text = summary_text.format_summary(rolled.summary)
   assert f"removed   {valid_rows(*gone):,} rows of {base.summary['path']}" in text
   assert f"rows): {len(gone)} file(s) no longer listed" in text
   assert ("no file read" in text) == (not new)
@@ -333,7 +333,7 @@ def test_prune_removes_the_stores_the_new_one_supersedes_and_no_other(tmp_path, 
   # Nothing left to prune: cached, and the CLI says so.
   again = prepare.prepare(make_config(prep, days[:3]), progress=False, prune=True)
   assert again.cached and again.summary["pruned"] == {"stores": [], "bytes": 0}
-  line = next(x for x in prepare.format_summary(again.summary).splitlines() if "pruned" in x)
+  line = next(x for x in summary_text.format_summary(again.summary).splitlines() if "pruned" in x)
   assert line.startswith("pruned    0 superseded store(s)")
 
 
@@ -409,7 +409,7 @@ def test_time_bounds_roll_a_window_whose_days_hold_late_results(tmp_path, days, 
   start = config.iso_seconds(since[1])
   assert min(rolled.train.seconds.min(), rolled.eval.seconds.min()) == start
   assert rolled.summary["rows"] == valid_rows(*days[1:]) + 2 * late  # late results kept
-  text = prepare.format_summary(rolled.summary)
+  text = summary_text.format_summary(rolled.summary)
   assert (
     f"window    {since[1].replace('T', ' ')} to ... UTC: {late:,} valid rows outside it" in text
   )
@@ -424,7 +424,7 @@ def test_time_bounds_narrowed_read_no_file_and_widened_build_in_full(tmp_path, d
     make_config(prep, days[:3], *overrides, f"network_until={until[2]}"), progress=False
   )
   assert narrowed.summary["removed"]["files"] == 0 and narrowed.summary["removed"]["rebound"]
-  assert "no file read" in prepare.format_summary(narrowed.summary)
+  assert "no file read" in summary_text.format_summary(narrowed.summary)
   assert narrowed.train.num_rows == valid_rows(*days[:2])
   assert narrowed.eval.num_rows == valid_rows(days[3])  # the eval files are kept whole
   full = prepare.prepare(

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from maxtext_netdata import cli, config
-from maxtext_netdata.data.prepare import prepare
+from maxtext_netdata.data.prepare import prepare, summary_text
 from maxtext_netdata.data.raw import addresses, schema
 from maxtext_netdata.data.store import store
 from maxtext_netdata.data.synthetic.generate import generate
@@ -276,7 +276,7 @@ def test_skip_mode_drops_and_counts_bad_rows(tmp_path):
     "rtt is NaN, infinite or null": 2,
     "dst_addr unparsable or not matching ip_version": 1,
   }
-  assert "skipped   3 rows" in prepare.format_summary(summary)
+  assert "skipped   3 rows" in summary_text.format_summary(summary)
 
 
 def test_failure_midway_leaves_no_store(tmp_path, raw_files):

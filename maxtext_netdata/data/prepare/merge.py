@@ -1,0 +1,365 @@
+"""The merge of a store update (`data.prepare.append`): a base split and a delta split (the
+new files, prepared alone) into one split in store order, the base's rows within a window of
+time when files leave it, read with plain reads and written through a memory map of the new
+split's files, memory bounded by batches of at most a bucket's rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import os
+import shutil
+
+import numpy as np
+import tqdm
+
+from maxtext_netdata.data.prepare import assemble, partition, probes
+from maxtext_netdata.data.raw import probe_hash
+from maxtext_netdata.data.store import store
+from maxtext_netdata.errors import WritesTo
+
+
+def merge_split(
+  base: str, delta: str, out: str, meta: dict, *, batch_rows: int, bar=None, window=None
+) -> dict:
+  """Write split folder `out` holding the rows of split folders `base` (those within
+  `window`, first and last second, when given) and `delta`, in store order; its counts
+  ({"rows", "probes", "failed"}). Either folder may be absent (no rows)."""
+  sources = [
+    _Source(path, window if path == base else None) for path in (base, delta) if os.path.isdir(path)
+  ]
+  try:
+    hashed = any(s.hashed for s in sources)
+    names = [n for n in store.ROW_ARRAYS if hashed or n != "hashed_order"]
+    union = _Union(sources)
+    writer = assemble.SplitWriter(out, int(union.rows.sum()), names)
+    try:
+      for lo, hi in union.batches(batch_rows):
+        if union.apart[lo:hi].all():
+          segments = union.segments(lo, hi)
+          writer.add_probes(union.rows[lo:hi].sum(axis=1), union.src[lo:hi], union.version[lo:hi])
+          for name in names:
+            fill = functools.partial(_copy_segments, sources, segments, name)
+            writer.add_rows(name, int(union.rows[lo:hi].sum()), fill)
+        else:  # some probe's new rows fall between its old ones: only those times sorted
+          parts = union.parts(lo, hi)
+          merged = partition.order_bucket(parts.middle_chunks(names))
+          middle = np.diff(merged.probe_offsets)
+          sizes = parts.head[:, 2] + parts.tail[:, 2]
+          sizes[parts.has_middle] += middle
+          writer.add_probes(sizes, union.src[lo:hi], union.version[lo:hi])
+          for name in names:
+            fill = functools.partial(parts.fill, merged, name)
+            writer.add_rows(name, int(sizes.sum()), fill)
+          del merged
+        if bar is not None:
+          bar.update(int(union.rows[lo:hi].sum()))
+    finally:
+      writer.close()
+    return writer.finish(meta, hashed)
+  finally:
+    for source in sources:
+      source.close()
+
+
+def link_split(base: str, out: str, meta: dict) -> dict:
+  """Split folder `out` as a copy of `base` (its arrays hard-linked where the filesystem
+  allows, copied where not) with `meta` in its meta.json; its counts."""
+  os.makedirs(out, exist_ok=True)
+  for path in sorted(glob.glob(os.path.join(glob.escape(base), "*.npy"))):
+    target = os.path.join(out, os.path.basename(path))
+    try:
+      os.link(path, target)  # the arrays are never written again: sharing them is safe
+    except OSError:
+      with WritesTo(target):
+        shutil.copyfile(path, target)
+  with open(os.path.join(base, store.META_FILE), encoding="utf-8") as f:
+    base_meta = json.load(f)
+  keep = ("format_version", "num_rows", "num_probes", "num_failed", "hashed_order")
+  store.write_json(os.path.join(out, store.META_FILE), {**meta, **{k: base_meta[k] for k in keep}})
+  return {
+    "rows": base_meta["num_rows"],
+    "probes": base_meta["num_probes"],
+    "failed": base_meta["num_failed"],
+  }
+
+
+def merge_bar(rows: int, progress: bool):
+  return tqdm.tqdm(
+    total=rows, desc="prepare: merge", unit="row", unit_scale=True, disable=not progress
+  )
+
+
+class _Source:
+  """One split folder being merged: its probes in memory, its rows read as needed; with a
+  `window` (first, last second), only each probe's rows within it, and only the probes with
+  such rows. Probe p's rows are [starts[p], starts[p] + sizes[p]).
+
+  The row files are opened once, so a store removed meanwhile (a forced rebuild of the
+  base) is still read whole: its files live until closed.
+  """
+
+  def __init__(self, path: str, window: tuple[int, int] | None = None):
+    split = store.PreparedStore(path)
+    self.path = path
+    self.hashed = bool(split.meta.get("hashed_order"))
+    offsets = np.array(split.probe_offsets)
+    self.starts, stops = offsets[:-1], offsets[1:]
+    keys = probe_hash.probe_keys(np.array(split.probe_version), np.array(split.probe_src))
+    if window is not None:
+      # A probe's rows are in time order: its rows in the window are one run.
+      self.starts = _search(split.seconds, self.starts, stops, window[0], right=False)
+      stops = _search(split.seconds, self.starts, stops, window[1], right=True)
+      present = stops > self.starts
+      self.starts, stops, keys = self.starts[present], stops[present], keys[present]
+    self.sizes = stops - self.starts
+    self.num_rows = int(self.sizes.sum())
+    self.keys = keys
+    self.hashes = probes.probe_hashes(self.keys)
+    assert (self.sizes > 0).all(), path
+    # Each probe's first and last second: a few pages of the map, unmapped at once.
+    self.first = np.array(split.seconds[self.starts])
+    self.last = np.array(split.seconds[stops - 1])
+    self.seconds = split.seconds  # mapped: binary searches read a few pages of it
+    self.files = {}
+    for name in store.ROW_ARRAYS:
+      array = getattr(split, name)  # checked for dtype and shape
+      if array is not None:
+        f = open(array.filename, "rb")  # noqa: SIM115 (closed in close)
+        self.files[name] = (f, array.offset)
+    del split
+
+  def read_into(self, name: str, start: int, out: np.ndarray) -> None:
+    """Rows [start, start + len(out)) of column `name` into `out`."""
+    f, offset = self.files[name]
+    f.seek(offset + start * (out.nbytes // max(len(out), 1)))
+    if f.readinto(memoryview(out).cast("B")) != out.nbytes:
+      raise OSError(f"{f.name}: shorter than its header says")
+
+  def ranges_chunk(
+    self, probes: np.ndarray, starts: np.ndarray, sizes: np.ndarray, names: list[str]
+  ) -> partition.Chunk:
+    """Rows [starts[k], starts[k] + sizes[k]) of each probe `probes[k]` (in store order), as
+    a `partition.Chunk`."""
+    runs = _joined(zip(starts.tolist(), sizes.tolist(), strict=True))
+    rows = int(sizes.sum())
+    columns = {}
+    for name in names:
+      dtype, tail = store.ROW_ARRAYS[name]
+      columns[name] = np.empty((rows, *tail), dtype)
+      at = 0
+      for start, n in runs:
+        self.read_into(name, start, columns[name][at : at + n])
+        at += n
+    probe = np.repeat(np.arange(len(probes), dtype=np.int32), sizes)
+    return partition.Chunk(self.keys[probes], self.hashes[probes], probe, columns)
+
+  def close(self) -> None:
+    for f, _ in self.files.values():
+      f.close()
+
+
+class _Union:
+  """The probes of all sources in store order (`partition.order_bucket`'s: hash, version,
+  address), each once: `index` [G, S] is its number in each source (-1: not there), `rows`
+  [G, S] its rows there, and `apart` [G] whether its rows of different sources do not
+  interleave in time (then each source's rows are copied whole, the earliest first)."""
+
+  def __init__(self, sources: list[_Source]):
+    self.sources = sources
+    keys = np.concatenate([s.keys for s in sources])
+    hashes = np.concatenate([s.hashes for s in sources])
+    which = np.concatenate([np.full(len(s.keys), i) for i, s in enumerate(sources)])
+    local = np.concatenate([np.arange(len(s.keys)) for s in sources])
+    # The build's own probe numbering (`partition.order_bucket`'s): the same order by construction.
+    group, probe_keys, _ = partition._probe_ranks(keys, hashes)
+    groups = len(probe_keys)
+    self.version = np.ascontiguousarray(probe_keys[:, 0])
+    self.src = np.ascontiguousarray(probe_keys[:, 1:])
+    self.index = np.full((groups, len(sources)), -1, np.int64)
+    self.index[group, which] = local
+    self.rows = np.zeros((groups, len(sources)), np.int64)
+    self.first = first = np.full((groups, len(sources)), np.iinfo(np.int64).max)
+    self.last = last = np.full((groups, len(sources)), np.iinfo(np.int64).min)
+    for i, s in enumerate(sources):
+      there = self.index[:, i] >= 0
+      probe = self.index[there, i]
+      self.rows[there, i] = s.sizes[probe]
+      first[there, i], last[there, i] = s.first[probe], s.last[probe]
+    # Sources by their first second: apart when each one's last comes before the next's first.
+    self.by_time = np.argsort(first, axis=1, kind="stable")
+    first_sorted = np.take_along_axis(first, self.by_time, axis=1)
+    last_sorted = np.take_along_axis(last, self.by_time, axis=1)
+    present = np.take_along_axis(self.index, self.by_time, axis=1) >= 0
+    ok = ~present[:, 1:] | (last_sorted[:, :-1] < first_sorted[:, 1:])
+    self.apart = ok.all(axis=1)
+
+  def batches(self, batch_rows: int):
+    """(lo, hi) group ranges of about `batch_rows` rows each (a probe is never cut)."""
+    total = self.rows.sum(axis=1)
+    before = np.cumsum(total) - total
+    batch = before // batch_rows
+    cuts = np.flatnonzero(np.diff(batch)) + 1
+    bounds = [0, *cuts.tolist(), len(total)]
+    return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True) if hi > lo]
+
+  def segments(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """(source, first row, rows) runs that make up groups [lo, hi) in order, where `apart`:
+    each group's sources by time; neighbouring runs of one source joined."""
+    out = []
+    for g in range(lo, hi):
+      for i in self.by_time[g]:
+        p = self.index[g, i]
+        if p < 0:
+          continue
+        start, n = int(self.sources[i].starts[p]), int(self.rows[g, i])
+        if out and out[-1][0] == i and out[-1][1] + out[-1][2] == start:
+          out[-1] = (i, out[-1][1], out[-1][2] + n)
+        else:
+          out.append((int(i), start, n))
+    return out
+
+  def parts(self, lo: int, hi: int) -> _Parts:
+    """Groups [lo, hi) as a head, a middle and a tail each (`_Parts`)."""
+    return _Parts(self, lo, hi)
+
+
+class _Parts:
+  """Each group's rows as three parts in store order: a head, the rows of the source that
+  starts first from before the other source's first second; a tail, the rows of the source
+  that ends last from after the other's last second; and between them the middle, the rows
+  of both sources whose times overlap, the only ones sorted again (`partition.order_bucket`).
+  A day appended whose late results fall in the base's last day sorts about a day of rows
+  per probe, not the probe's whole window; a probe in one source, or whose sources do not
+  interleave, is a head alone.
+
+  `head` and `tail` are [G, 3] (source, first row, rows); `middle` [G, 2, 2] (first row, rows)
+  in each source; `has_middle` [G] whether a group has middle rows.
+  """
+
+  def __init__(self, union: _Union, lo: int, hi: int):
+    assert len(union.sources) <= 2, "a merge has a base and a delta"
+    self.union, self.lo = union, lo
+    groups = hi - lo
+    index, rows = union.index[lo:hi], union.rows[lo:hi]
+    self.head = np.zeros((groups, 3), np.int64)
+    self.tail = np.zeros((groups, 3), np.int64)
+    self.middle = np.zeros((groups, 2, 2), np.int64)
+    one = (index >= 0).sum(axis=1) == 1
+    for i, source in enumerate(union.sources):
+      alone = one & (index[:, i] >= 0)
+      self.head[alone] = np.stack(
+        [np.full(alone.sum(), i), source.starts[index[alone, i]], rows[alone, i]], axis=1
+      )
+    both = np.flatnonzero(~one)
+    if len(both):
+      self._split(both, union.by_time[lo:hi][both, 0], index, rows, lo)
+    self.has_middle = self.middle[:, :, 1].sum(axis=1) > 0
+
+  def _split(self, both, early, index, rows, lo):
+    """Head, middle and tail of the groups `both` (in both sources), `early` the source that
+    starts first in each."""
+    union = self.union
+    g = both + lo
+    starts = np.stack(
+      [s.starts[np.maximum(index[both, i], 0)] for i, s in enumerate(union.sources)], axis=1
+    )
+    stops = starts + rows[both]
+    late = 1 - early
+    late_ends = union.last[g, late] >= union.last[g, early]  # the late source ends last too
+    ender = np.where(late_ends, late, early)
+    # Head: the early source's rows before the late one's first second.
+    head_end = np.empty(len(both), np.int64)
+    tail_start = np.empty(len(both), np.int64)
+    for i, source in enumerate(union.sources):
+      mine = early == i
+      head_end[mine] = _search(
+        source.seconds, starts[mine, i], stops[mine, i], union.first[g[mine], 1 - i], right=False
+      )
+      # Tail: the last-ending source's rows after the other's last second.
+      mine = ender == i
+      tail_start[mine] = _search(
+        source.seconds, starts[mine, i], stops[mine, i], union.last[g[mine], 1 - i], right=True
+      )
+    k = np.arange(len(both))
+    self.head[both] = np.stack([early, starts[k, early], head_end - starts[k, early]], axis=1)
+    self.tail[both] = np.stack([ender, tail_start, stops[k, ender] - tail_start], axis=1)
+    # Middle: the rest of each source, between its head (early source) and tail (ender).
+    first = starts.copy()
+    first[k, early] = head_end
+    last = stops.copy()
+    last[k, ender] = np.minimum(last[k, ender], tail_start)
+    self.middle[both, :, 0] = first
+    self.middle[both, :, 1] = np.maximum(last - first, 0)
+
+  def middle_chunks(self, names: list[str]) -> list[partition.Chunk]:
+    """The middle rows as one `partition.Chunk` per source."""
+    out = []
+    for i, source in enumerate(self.union.sources):
+      groups = np.flatnonzero(self.middle[:, i, 1] > 0)
+      if len(groups):
+        local = self.union.index[self.lo + groups, i]
+        out.append(
+          source.ranges_chunk(local, self.middle[groups, i, 0], self.middle[groups, i, 1], names)
+        )
+    return out
+
+  def fill(self, merged: partition.SortedBucket, name: str, out: np.ndarray) -> None:
+    """Column `name` of the groups in store order into `out`: head, middle, tail of each."""
+    middle = merged.column(name)
+    offsets = merged.probe_offsets
+    sources, at, k = self.union.sources, 0, 0
+    out = out.view(np.ndarray)  # a memory map's slices are memmap objects: ~4 us each
+    for g in range(len(self.head)):
+      i, start, n = (int(x) for x in self.head[g])
+      if n:
+        sources[i].read_into(name, start, out[at : at + n])
+        at += n
+      if self.has_middle[g]:
+        n = int(offsets[k + 1] - offsets[k])
+        out[at : at + n] = middle[offsets[k] : offsets[k + 1]]
+        at, k = at + n, k + 1
+      i, start, n = (int(x) for x in self.tail[g])
+      if n:
+        sources[i].read_into(name, start, out[at : at + n])
+        at += n
+    assert at == len(out), (at, len(out))
+
+
+def _copy_segments(sources, segments, name: str, out: np.ndarray) -> None:
+  out, at = out.view(np.ndarray), 0  # as in `_Parts.fill`
+  for i, start, n in segments:
+    sources[i].read_into(name, start, out[at : at + n])
+    at += n
+  assert at == len(out), (at, len(out))
+
+
+def _joined(runs) -> list[tuple[int, int]]:
+  """(start, rows) runs with each run that starts where the one before ends joined to it."""
+  out = []
+  for start, n in runs:
+    if out and out[-1][0] + out[-1][1] == start:
+      out[-1] = (out[-1][0], out[-1][1] + n)
+    else:
+      out.append((start, n))
+  return out
+
+
+def _search(seconds, lo: np.ndarray, hi: np.ndarray, value, *, right: bool) -> np.ndarray:
+  """For each range [lo[p], hi[p]) of non-decreasing `seconds` (a memory map: only the rows
+  looked at are read), the first row whose second is >= `value` (> `value` if `right`; one
+  value, or one per range): a binary search in all ranges at once, ~log2(rows) reads of one
+  row per range."""
+  lo, hi = lo.copy(), hi.copy()
+  value = np.broadcast_to(np.asarray(value), lo.shape)
+  while True:
+    active = np.flatnonzero(lo < hi)
+    if not len(active):
+      return lo
+    mid = (lo[active] + hi[active]) // 2
+    at = np.asarray(seconds[mid])
+    below = at <= value[active] if right else at < value[active]
+    lo[active[below]] = mid[below] + 1
+    hi[active[~below]] = mid[~below]

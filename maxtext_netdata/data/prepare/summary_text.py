@@ -1,0 +1,65 @@
+"""`prepare`'s summary as the few lines the command prints (`format_summary`)."""
+
+from __future__ import annotations
+
+import os
+
+from maxtext_netdata.data.prepare import local_runner
+
+
+def format_summary(summary: dict) -> str:
+  """The summary as a few readable lines."""
+  splits = summary["splits"]
+  lines = [
+    f"store     {summary['path']}{'  (cached)' if summary.get('cached') else ''}"
+    + (f"  (copied from {summary['copied_from']})" if summary.get("copied_from") else ""),
+    f"rows      {summary['rows']:,} of {summary['rows_read']:,} read, "
+    f"{summary['probes']:,} probes, {summary['failed_share']:.1%} failed",
+  ]
+  for name in ("train", "test", "eval"):
+    if name in splits:
+      lines.append(f"{name:<9} {splits[name]['rows']:,} rows, {splits[name]['probes']:,} probes")
+  since, until = summary.get("time_bounds") or (None, None)
+  if since is not None or until is not None:
+    outside = (
+      summary["rows_read"] - summary["skipped_rows"] - sum(s["rows"] for s in splits.values())
+    )
+    span = local_runner.span_text((since, until))
+    lines.append(f"window    {span}: {outside:,} valid rows outside it")
+  appended = summary.get("appended")
+  if appended:
+    lines.append(
+      f"appended  {appended['new_files']:,} new file(s), {appended['new_rows_read']:,} rows read,"
+      f" to {appended['base']} ({appended['base_rows']:,} rows); merged in"
+      f" {appended['merge_seconds']:.2f} s"
+    )
+  removed = summary.get("removed")
+  if removed:
+    why = [f"{removed['files']:,} file(s) no longer listed"] if removed["files"] else []
+    why += ["the rows outside the new time bounds"] if removed.get("rebound") else []
+    lines.append(
+      f"removed   {removed['rows']:,} rows of {removed['base']} ({removed['base_rows']:,} rows):"
+      f" {', '.join(why)}" + ("" if appended else f"; copied in {removed['merge_seconds']:.2f} s")
+    )
+  pruned = summary.get("pruned")
+  if pruned is not None:
+    names = ", ".join(os.path.basename(root) for root in pruned["stores"]) or "none"
+    lines.append(
+      f"pruned    {len(pruned['stores'])} superseded store(s) ({names}),"
+      f" {pruned['bytes'] / 1e6:,.1f} MB freed"
+    )
+  if summary["skipped"]:
+    reasons = ", ".join(f"{reason}: {n:,}" for reason, n in sorted(summary["skipped"].items()))
+    lines.append(f"skipped   {summary['skipped_rows']:,} rows ({reasons})")
+  if removed and not appended:
+    lines.append(f"speed     {summary['seconds']:.2f} s, no file read")
+  else:
+    lines.append(
+      f"speed     {summary['seconds']:.2f} s, {summary['rows_per_s']:,} rows/s, "
+      f"{summary['rows_per_cpu_s']:,} rows per CPU-second" + (" (rows read)" if appended else "")
+    )
+  lines.append(
+    f"memory    peak RSS {summary['peak_rss_bytes'] / 2**20:,.0f} MiB, "
+    f"{summary['peak_bytes_per_row']} bytes per raw row above the start"
+  )
+  return "\n".join(lines)
