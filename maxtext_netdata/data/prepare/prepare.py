@@ -14,13 +14,14 @@ The fingerprint covers each input file's URI, size and modification time, the st
 and the config keys that change the store's content; a complete store with the same
 fingerprint is opened instead of rebuilt; a complete store of some of the train files (and
 the same content keys) is appended to, reading only the other files, and its files no longer
-listed are taken out where their rows lie apart in time (`data.prepare.append`: the same
-bytes as a full build). One process builds a store at a time (a lock file
-beside it; the others wait, then open it). A store is built in a temporary directory and
-renamed into place once complete, with the summary (`meta.json`) written last: a prepare
-killed at any point leaves nothing that passes for a store, and the next one removes its
-remains. With `network_prepared_dir` on `gs://` or `s3://` the store is copied from there to
-the local cache once, or built locally and uploaded when absent (`data.store.remote_copy`).
+listed, or its rows outside new time bounds (`network_since`, `network_until`), are taken out
+where time tells them apart (`data.prepare.append`: the same bytes as a full build). One
+process builds a store at a time (a lock file beside it; the others wait, then open it). A
+store is built in a temporary directory and renamed into place once complete, with the
+summary (`meta.json`) written last: a prepare killed at any point leaves nothing that passes
+for a store, and the next one removes its remains. With `network_prepared_dir` on `gs://` or
+`s3://` the store is copied from there to the local cache once, or built locally and uploaded
+when absent (`data.store.remote_copy`).
 """
 
 from __future__ import annotations
@@ -325,8 +326,8 @@ def _build(config, options, train_files, eval_files, tmp, fp, progress, runner) 
 
 def _append(config, options, train_files, eval_files, tmp, fp, progress, runner, *, base) -> dict:
   """`_build`'s store from `base` (a store of some of the train files) and the other files:
-  those prepared alone, then both merged split by split, the rows of the base's files no
-  longer listed left out (`data.prepare.append`)."""
+  those prepared alone, then both merged split by split, the base's rows of files no longer
+  listed or outside the time bounds left out (`data.prepare.append`)."""
   start, cpu_start = time.perf_counter(), _cpu_seconds()
   rss_start = psutil.Process().memory_info().rss
   old = base.summary
@@ -386,13 +387,11 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
     file_reports,
   )  # fmt: skip
   # The counts are the whole store's, its speed this run's: new rows read, and the merge.
-  gone = reader.ReadReport()
-  for one in removed:
-    gone.add_file("", one)
-  summary["rows_read"] += old["rows_read"] - gone.rows_read
+  summary["rows_read"] += old["rows_read"] - sum(r.rows_read for r in removed)
   skipped = collections.Counter(old["skipped"])
   skipped.update(summary["skipped"])
-  skipped.subtract(gone.skipped.reasons)
+  for one in removed:
+    skipped.subtract(one.skipped.reasons)
   summary["skipped"] = {reason: n for reason, n in sorted(skipped.items()) if n}
   summary["skipped_rows"] = sum(summary["skipped"].values())
   made = {

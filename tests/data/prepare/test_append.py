@@ -270,7 +270,7 @@ def test_a_bad_new_file_is_an_error_and_the_store_stays(tmp_path, days):
   skip = "network_skip_bad_rows=true"
   only_bad = with_column(good_table(), "rtt", [np.nan] * 50)
   pq.write_table(only_bad, bad_path)
-  prepare.prepare(make_config(prep, days[:3], skip), progress=False)
+  first = prepare.prepare(make_config(prep, days[:3], skip), progress=False)
   appended = prepare.prepare(make_config(prep, [*days[:3], bad_path], skip), progress=False)
   assert appended.summary["appended"]["new_rows_read"] == 50
   full = prepare.prepare(
@@ -278,6 +278,13 @@ def test_a_bad_new_file_is_an_error_and_the_store_stays(tmp_path, days):
   )
   assert appended.summary["skipped"] == full.summary["skipped"] != {}
   assert_same_store(appended, full)
+  # Taken out again with the first day, its skipped rows leave the counts with it.
+  shutil.rmtree(first.summary["path"])
+  rolled = prepare.prepare(make_config(prep, days[1:3], skip), progress=False)
+  assert rolled.summary["removed"]["files"] == 2
+  full = prepare.prepare(make_config(tmp_path / "full2", days[1:3], skip), progress=False)
+  assert rolled.summary["skipped"] == full.summary["skipped"] == {}
+  assert_same_store(rolled, full)
 
 
 def test_cli_says_what_it_appended_removed_and_pruned(tmp_path, days, capsys):
