@@ -102,7 +102,7 @@ def find_base(
   best, best_rank = None, None
   for root, held, summary in _stores(prepared_dir, content_key):
     kept, removed = held & current, held - current
-    if not kept or (held == current and _bounds(summary) == tuple(bounds)):
+    if not kept or (held == current and bounds_of(summary) == tuple(bounds)):
       continue
     usable, window, _ = update_window(summary, current, bounds)
     rank = (len(kept), -len(removed))
@@ -129,7 +129,8 @@ def no_base_reason(
   return best[1] if best else ""
 
 
-def _bounds(summary: dict) -> tuple:
+def bounds_of(summary: dict) -> tuple:
+  """The time bounds (since, until) a store's summary records (none before stores kept them)."""
   return tuple(summary.get("time_bounds") or NO_BOUNDS)
 
 
@@ -149,7 +150,7 @@ def update_window(summary: dict, current: set, bounds) -> tuple[bool, tuple | No
   day of late results) are built in full.
   """
   held = {tuple(e) for e in summary["train_file_entries"]}
-  removed, old = held - current, _bounds(summary)
+  removed, old = held - current, bounds_of(summary)
   if not removed and old == tuple(bounds):
     return True, None, ""  # new files appended to every row it has
   reports = summary.get("train_file_reports")
@@ -221,7 +222,7 @@ def superseded(
   return [
     root
     for root, held, summary in _stores(prepared_dir, content_key)
-    if (held < current and _bounds(summary) == tuple(bounds))
+    if (held < current and bounds_of(summary) == tuple(bounds))
     or (base and os.path.abspath(root) == os.path.abspath(base))
   ]
 

@@ -115,7 +115,6 @@ class _Source:
       present = stops > self.starts
       self.starts, stops, keys = self.starts[present], stops[present], keys[present]
     self.sizes = stops - self.starts
-    self.num_rows = int(self.sizes.sum())
     self.keys = keys
     self.hashes = probes.probe_hashes(self.keys)
     assert (self.sizes > 0).all(), path

@@ -158,11 +158,7 @@ def read_partitioned(
     report.skipped.merge(skipped)
     file.add(rows, skipped, columns.seconds)
     if (since is not None or until is not None) and len(columns):
-      inside = np.ones(len(columns), bool)
-      if since is not None:
-        inside &= columns.seconds >= since
-      if until is not None:
-        inside &= columns.seconds < until
+      inside = schema.in_time(columns.seconds, since, until)
       if not inside.all():
         columns = columns.select(inside)
     if len(columns):

@@ -336,7 +336,7 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
   )
   removed = [reader.FileReport.from_json(old_reports[tuple(e)]) for e in base.removed]
   bounds = local_runner.time_bounds(config)
-  rebound = tuple(old.get("time_bounds") or append.NO_BOUNDS) != bounds
+  rebound = append.bounds_of(old) != bounds
   if progress:
     said = [f"appending {len(base.new_files)} new file(s)"] if base.new_files else []
     if removed:

@@ -58,6 +58,18 @@ class RawColumns:
     )
 
 
+def in_time(seconds: np.ndarray, since: int | None, until: int | None) -> np.ndarray:
+  """bool [N]: whether each time (Unix seconds) is at or after `since` and before `until`
+  (None: no bound), the window of `ingest --since/--until` and of `network_since` /
+  `network_until`."""
+  keep = np.ones(len(seconds), bool)
+  if since is not None:
+    keep &= seconds >= since
+  if until is not None:
+    keep &= seconds < until
+  return keep
+
+
 @dataclasses.dataclass
 class SkipReport:
   """Rows dropped under `network_skip_bad_rows`, counted by reason."""

@@ -21,7 +21,7 @@ import functools
 import numpy as np
 import pyarrow as pa
 
-from maxtext_netdata.data.raw import addresses, probe_hash
+from maxtext_netdata.data.raw import addresses, probe_hash, schema
 
 
 @functools.lru_cache(maxsize=1 << 20)
@@ -55,11 +55,7 @@ class Sample:
     self, source: pa.Array | pa.ChunkedArray, version: np.ndarray, seconds: np.ndarray
   ) -> np.ndarray:
     """bool [N]: whether the result (or row) of each source, version and time is kept."""
-    keep = np.ones(len(seconds), bool)
-    if self.since is not None:
-      keep &= seconds >= self.since
-    if self.until is not None:
-      keep &= seconds < self.until
+    keep = schema.in_time(seconds, self.since, self.until)
     if self.probe_fraction < 1 and keep.any():
       keep &= probe_fractions(source, version) < self.probe_fraction
     return keep
