@@ -1,9 +1,11 @@
 """When the batch kernel runs as machine code and when as its own Python code.
 
 `load_in_background` loads (or on a machine's first run compiles) `batch_kernel.fill_batch`
-on a daemon thread (`kernels.warmup`) while the rest of start-up runs; until that thread is
-done, `fill_batch_now` gives the kernel's Python code (`kernels.python_mode`), which writes the
-same batches ~200-300x slower but at once, so no first batch waits for the compile.
+on a daemon thread (`kernels.warmup`) while the rest of start-up runs; while that thread
+compiles, `fill_batch_now` gives the kernel's Python code (`kernels.python_mode`), which
+writes the same batches ~200-300x slower but at once, so no first batch waits for the
+compile. A load from numba's cache (~0.5 s) is waited for instead (`warmup.pending`): beside
+the Python code, which needs the GIL as the load does, it took 12-15 s.
 `wait_ready` waits for the machine code (benchmarks time it, not the stand-in);
 `finish_compile` lets a short command (`batches`) wait for a first compile at its end, so
 that later runs load it.
@@ -24,8 +26,8 @@ def load_in_background(warm=None) -> None:
   that thread: a call of `fill_batch` with a builder's own argument types (a batch of no
   rows), so that the kernel its batches need is loaded, or on a machine's first run compiled
   (~6-20 s), while the rest of start-up runs; that compile says so on stderr with its time
-  when it is long. Until the thread is done, `fill_batch_now` gives the kernel's Python code:
-  the first batches never wait for it."""
+  when it is long. While the thread compiles, `fill_batch_now` gives the kernel's Python
+  code: the first batches never wait for a compile."""
   _began[0] = _began[0] or time.perf_counter()
   steps = [(_SET_UP, loaded, None)]
   if warm is not None:
@@ -86,9 +88,10 @@ def wait_ready() -> None:
 
 
 def fill_batch_now():
-  """`fill_batch`, or while `load_in_background`'s thread still loads or compiles it, the
-  kernel's own Python code (`kernels.python_mode`): the same batch at once, ~200-300x slower
-  (8 x 1024 in ~10 ms, 64 x 1024 in ~0.1 s), instead of a wait of up to the compile's time."""
+  """`fill_batch`, or while `load_in_background`'s thread compiles it, the kernel's own
+  Python code (`kernels.python_mode`): the same batch at once, ~200-300x slower (8 x 1024 in
+  ~10 ms, 64 x 1024 in ~0.1 s), instead of a wait of up to the compile's time. While the
+  thread loads it from numba's cache, waits for that (~0.5 s)."""
   if warmup.pending(_SET_UP) or warmup.pending(_WARM):
     return python_fill_batch
   return fill_batch

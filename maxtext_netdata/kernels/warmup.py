@@ -3,10 +3,16 @@ empty numba cache) does useful work while they compile instead of waiting for th
 
 `start(name, steps)` runs each step (a function that calls one kernel on a tiny input: it
 compiles the kernel, or loads it from numba's cache) in order on one daemon thread; `pending`
-says whether a step has been started and has not finished yet. A caller that has an exact
-uncompiled way to do the same work (numpy, Python, DuckDB) takes it while `pending` is true
-and the kernel afterwards, so nothing waits; a caller without one calls the kernel, which then
-waits for the compile under numba's compiler lock as it would have compiled it itself.
+says whether a step is compiling: started, not finished, and a compile begun on its thread (in
+it, or in a step before it). A caller that has an exact uncompiled way to do the same work
+(numpy, Python, DuckDB) takes it while `pending` is true and the kernel afterwards, so nothing
+waits for a compile; a caller without one calls the kernel, which then waits for the compile
+under numba's compiler lock as it would have compiled it itself.
+
+A step that only loads its kernel from numba's cache is waited for instead (`pending` returns
+once it is done): the load takes ~0.5 s alone, but the uncompiled stand-in needs the GIL as
+the load does, and beside it the batch kernel's load of 0.5 s took 12-15 s (113-142 batches of
+32 x 1024 built by its Python code meanwhile, against none after 0.5 s of waiting).
 
 numba compiles one kernel at a time per process (its global compiler lock): a kernel the main
 thread needs while the thread compiles another one waits for that one too. The steps are
@@ -30,23 +36,33 @@ from collections.abc import Callable
 from numba.core import event as numba_event
 
 NOTICE_AFTER_S = 2.0
+# The longest `pending` waits for a step that loads (no compile begun): a load that takes
+# longer than this, or a step that never ends, then counts as pending.
+LOAD_WAIT_S = 60.0
 
 _lock = threading.Lock()
 _started: dict[str, threading.Event] = {}  # step name -> set when the step has finished
+# step name -> set when the step has finished or a compile has begun in it or a step before it
+_decided: dict[str, threading.Event] = {}
 _seconds: dict[str, float] = {}  # step name -> seconds it took (compiled or loaded)
 _threads: list[threading.Thread] = []
 
 
-_local = threading.local()  # `warming`: set on the warm-up thread; `compiled`: its step did
+# On a warm-up thread: `warming` set; `compiled`, whether its step compiled; `steps`, the names
+# of its step and those after it.
+_local = threading.local()
 
 
 class _Compiles(numba_event.Listener):
   """Marks the warm-up thread's step as compiled: numba fires "numba:compile" on the thread
-  that compiles, and only on a cache miss (a load from its cache fires none)."""
+  that compiles, and only on a cache miss (a load from its cache fires none). The step and
+  those after it are pending from then on: they wait for this compile."""
 
   def on_start(self, event) -> None:
     if getattr(_local, "warming", False):
       _local.compiled = True
+      for name in _local.steps:
+        _decided[name].set()
 
   def on_end(self, event) -> None:
     pass
@@ -61,6 +77,7 @@ def _forget_in_child() -> None:
   global _lock
   _lock = threading.Lock()
   _started.clear()
+  _decided.clear()
   _seconds.clear()
   _threads.clear()
 
@@ -69,10 +86,15 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def pending(name: str) -> bool:
-  """Whether step `name` has been started on a thread and has not finished; False on that
-  thread itself, whose calls are the ones that compile the kernels."""
+  """Whether step `name` is compiling: started on a thread, not finished, and a compile begun
+  there (in it or a step before it). While it only loads from numba's cache, waits for it
+  (up to LOAD_WAIT_S): then False. False on that thread itself, whose calls are the ones that
+  compile the kernels."""
   done = _started.get(name)
-  return done is not None and not done.is_set() and not getattr(_local, "warming", False)
+  if done is None or done.is_set() or getattr(_local, "warming", False):
+    return False
+  _decided[name].wait(LOAD_WAIT_S)
+  return not done.is_set()
 
 
 def started(name: str) -> bool:
@@ -136,13 +158,15 @@ def start(
     todo = [step for step in steps if step[0] not in _started]
     for name, _, _ in todo:
       _started[name] = threading.Event()
+      _decided[name] = threading.Event()
   if not todo:
     return None
 
   def run() -> None:
     _local.warming = True
-    for name, warm, notice in todo:
+    for at, (name, warm, notice) in enumerate(todo):
       _local.compiled = False
+      _local.steps = [step[0] for step in todo[at:]]
       began = time.perf_counter()
       try:
         warm()
@@ -155,6 +179,7 @@ def start(
         if notice and _local.compiled and took > notice_after_s:
           print(f"{notice} in {took:.1f} s", file=sys.stderr, flush=True)
         _started[name].set()
+        _decided[name].set()
 
   thread = threading.Thread(target=run, name=thread_name, daemon=True)
   _threads.append(thread)

@@ -1,4 +1,5 @@
-"""`kernels.warmup`: steps on a thread, what `pending` says meanwhile, and compile notices."""
+"""`kernels.warmup`: steps on a thread, what `pending` says meanwhile (or waits for), and compile
+notices."""
 
 import os
 import subprocess
@@ -12,13 +13,13 @@ from maxtext_netdata.kernels import warmup
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
-def test_steps_run_in_order_on_one_thread_and_are_pending_until_done(capsys):
+def test_steps_run_in_order_on_one_thread_and_are_pending_once_one_compiles(capsys):
   release, order, seen_on_thread = threading.Event(), [], []
 
   def first():
     seen_on_thread.append(warmup.pending("test-first"))  # the thread's own calls: not pending
-    release.wait(30)
     numba.njit(lambda x: x + 1)(1)  # a compile (no cache): its notice is printed
+    release.wait(30)
     order.append("first")
 
   thread = warmup.start(
@@ -28,7 +29,9 @@ def test_steps_run_in_order_on_one_thread_and_are_pending_until_done(capsys):
     ],
     notice_after_s=0,
   )
+  # From the compile's start both are pending: the second step waits for it too.
   assert warmup.pending("test-first") and warmup.pending("test-second")
+  assert not release.is_set() and order == []
   assert warmup.start([("test-first", first, None)]) is None  # once per process
   release.set()
   thread.join(30)
@@ -37,6 +40,21 @@ def test_steps_run_in_order_on_one_thread_and_are_pending_until_done(capsys):
   assert not warmup.pending("never-started") and warmup.wait("never-started")
   err = capsys.readouterr().err
   assert "first step in " in err and "compiled nothing" not in err, err
+
+
+def test_a_step_that_compiles_nothing_is_waited_for_instead_of_pending():
+  """A load from numba's cache (no compile) is short alone, and slowed by a stand-in that
+  needs the GIL beside it: `pending` waits for it to end and says False."""
+  release, ended = threading.Event(), []
+
+  def load():
+    release.wait(30)
+    ended.append(True)
+
+  thread = warmup.start([("test-load", load, None)])
+  threading.Timer(0.2, release.set).start()
+  assert not warmup.pending("test-load") and ended == [True]
+  thread.join(30)
 
 
 _NOTED = """
@@ -64,9 +82,13 @@ def test_a_compile_is_noted_where_it_is_paid_and_a_cache_load_is_not(tmp_path):
 
 _FORK = """
 import os, threading
+import numba
 from maxtext_netdata.kernels import warmup
 release = threading.Event()
-thread = warmup.start([("test-fork", lambda: release.wait(30), None)])
+def step():
+  numba.njit(lambda x: x + 1)(1)  # a compile: the step is pending from its start
+  release.wait(30)
+thread = warmup.start([("test-fork", step, None)])
 assert warmup.pending("test-fork")
 pid = os.fork()
 if pid == 0:
