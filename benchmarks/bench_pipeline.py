@@ -72,27 +72,34 @@ rows = b.gather(0, 0, 8)
 t2 = time.perf_counter()
 b.build_shifted(rows)
 t3 = time.perf_counter()
+if sys.argv[2] == "many":  # a loop that asks for batches at once
+  for step in range(1, int(sys.argv[3])):
+    b.build_shifted(b.gather(step, 0, 8))
+t5 = time.perf_counter()
 from maxtext_netdata.input_pipeline import batch_kernel_loading
 batch_kernel_loading.wait_ready()
 t4 = time.perf_counter()
-print(f"{t1 - t0:.3f} {t3 - t2:.3f} {t4 - t2:.3f}")
+print(f"{t1 - t0:.3f} {t3 - t2:.3f} {t4 - t2:.3f} {t5 - t2:.3f}")
 """
 
 
-def first_call(store_path: str, cache_dir: str, then: str = "") -> tuple[float, float, float]:
-  """(import seconds, first batch seconds, seconds until the kernel is loaded or compiled)
-  in a fresh process using `cache_dir`, both from the first batch's request; with
-  `then="jax"`, JAX is imported and a small function compiled between the builder's creation
-  and its first batch."""
+def first_call(
+  store_path: str, cache_dir: str, then: str = "", batches: int = 1
+) -> tuple[float, float, float, float]:
+  """(import seconds, first batch seconds, seconds until the kernel is loaded or compiled,
+  seconds for `batches` batches) in a fresh process using `cache_dir`, each from the first
+  batch's request; with `then="jax"`, JAX is imported and a small function compiled between
+  the builder's creation and its first batch, with `then="many"`, `batches` batches are
+  asked for at once."""
   env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir, "PYTHONPATH": ROOT}
   out = subprocess.run(
-    [sys.executable, "-c", _COMPILE_SCRIPT, store_path, then or "-"],
+    [sys.executable, "-c", _COMPILE_SCRIPT, store_path, then or "-", str(batches)],
     capture_output=True,
     text=True,
     env=env,
     check=True,
   ).stdout.split()
-  return float(out[0]), float(out[1]), float(out[2])
+  return float(out[0]), float(out[1]), float(out[2]), float(out[3])
 
 
 def real_tokens(builder: BatchBuilder, rows: int, steps: range) -> int:
@@ -223,15 +230,16 @@ def _main(args, work: str) -> int:
   config = config_lib.load(None, overrides)
   print(f"store: {store.num_rows} rows, {store.num_probes} probes; {os.cpu_count()} cores")
   with tempfile.TemporaryDirectory(prefix="numba_cache_") as cache:
-    import_s, first_s, compile_s = first_call(store.path, cache)
-    _, load_first_s, load_s = first_call(store.path, cache)
-    _, overlapped_s, _ = first_call(store.path, cache, "jax")
+    import_s, first_s, compile_s, _ = first_call(store.path, cache)
+    _, load_first_s, load_s, _ = first_call(store.path, cache)
+    _, overlapped_s, _, _ = first_call(store.path, cache, "jax")
+    _, _, _, many_s = first_call(store.path, cache, "many", 500)
   print(
     f"batch kernel: first-ever compile {compile_s:.2f} s (import {import_s:.2f} s), the first"
     f" 8x{args.seq_len} batch meanwhile by its Python code in {first_s:.3f} s; from the"
     f" on-disk cache in a new process {load_s:.3f} s (first batch {load_first_s:.3f} s),"
     f" first batch {overlapped_s:.3f} s when JAX's import and a compile come between builder"
-    " and batch"
+    f" and batch; 500 batches asked for at once {many_s:.3f} s"
   )
   sharding = bench_e2e.one_device_sharding()
   print(

@@ -61,8 +61,7 @@ class _Compiles(numba_event.Listener):
   def on_start(self, event) -> None:
     if getattr(_local, "warming", False):
       _local.compiled = True
-      for name in _local.steps:
-        _decided[name].set()
+      compiling()
 
   def on_end(self, event) -> None:
     pass
@@ -83,6 +82,14 @@ def _forget_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def compiling() -> None:
+  """Called on a warm-up thread: its step and the steps after it are pending from now on.
+  numba's compile event says so by itself; a step that waits for something else before its
+  compile (another thread's steps) says it first, or `pending` would wait with it."""
+  for name in getattr(_local, "steps", ()):
+    _decided[name].set()
 
 
 def pending(name: str) -> bool:

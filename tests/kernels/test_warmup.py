@@ -57,6 +57,24 @@ def test_a_step_that_compiles_nothing_is_waited_for_instead_of_pending():
   thread.join(30)
 
 
+def test_a_step_that_waits_before_its_compile_says_so_and_is_pending_at_once():
+  """The ingest scanner's step waits for the helpers' compiles before its own: unsaid, the
+  blocks asking whether it is pending would wait with it (the first output of a machine's
+  first ingest of 82 MB came after 42 s instead of 5)."""
+  release = threading.Event()
+
+  def waits_then_compiles():
+    warmup.compiling()
+    release.wait(30)
+
+  thread = warmup.start([("test-waits", waits_then_compiles, None), ("test-after", int, None)])
+  assert warmup.pending("test-waits") and warmup.pending("test-after")
+  assert not release.is_set()
+  release.set()
+  thread.join(30)
+  assert not warmup.pending("test-waits") and not warmup.pending("test-after")
+
+
 _NOTED = """
 import sys
 import numpy as np

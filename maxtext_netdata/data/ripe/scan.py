@@ -157,7 +157,9 @@ def _warm_object_lines() -> None:
 
 
 def _warm_scanner() -> None:
-  # After the helpers: numba compiles one kernel at a time, and the helpers serve every block.
+  # Started to compile (a load is waited for where it starts: `load`), after the helpers:
+  # numba compiles one kernel at a time, and the helpers serve every block.
+  warmup.compiling()
   warmup.wait(ip_text.WARMUP)
   warmup.wait(json_scan.WARMUP)
   scan(_SAMPLE)
