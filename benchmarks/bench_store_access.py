@@ -10,13 +10,25 @@ dropped from page cache first (`posix_fadvise(DONTNEED)` on its files only, so n
 the machine is disturbed), then copies it (`pyarrow.fs.copy_files`, as `data.store.remote_copy`
 does) to `--copy-to` and loads from the copy, warm (as it is right after copying) and cold.
 It prints the copy's time and the first batch and batches/s of each.
+
+    python benchmarks/bench_store_access.py --store PREPARED/FINGERPRINT --memory-limit MIB
+        [--seconds 20] [--batch 32]
+
+A store larger than memory, on a machine where it is not: loads batches for `--seconds` in a
+child process held to `--memory-limit` MiB (process and page cache together) by a memory
+cgroup made for it (v1 or v2; needs root), the store's pages dropped first, once with each
+`network_store_access` ("normal": the kernel's read-around; "random": MADV_RANDOM; "auto":
+the one it picks under that limit), and prints batches/s, real tokens/s and MiB/s read from
+disk for each.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,12 +69,90 @@ def _load(cfg, root: str, steps: int) -> tuple[float, float]:
   return first, rate
 
 
+_LIMITED = """
+import json, os, sys, time
+with open(sys.argv[1], "w") as f:  # this process into the memory cgroup
+  f.write(str(os.getpid()))
+import numpy as np
+from maxtext_netdata import config
+from maxtext_netdata.data.store import store
+from maxtext_netdata.input_pipeline import network_grain
+from maxtext_netdata.input_pipeline.sequences import BatchBuilder
+root, access, batch, seconds = sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+cfg = config.load(os.path.join(sys.argv[6], "configs", "latency_network.yml"),
+  ["grain_worker_count=0", f"global_batch_size_to_load={batch}", "grain_train_files=unused",
+   f"network_store_access={access}"])
+builder = BatchBuilder.from_config(cfg, store.PreparedStore(os.path.join(root, "train")), batch)
+iterator = network_grain.make_iterator(cfg, builder, 0, batch, None, in_process=True)
+def read_bytes():
+  with open("/proc/self/io") as f:
+    return int(dict(line.split(": ") for line in f.read().splitlines())["read_bytes"])
+next(iterator)
+start, read, batches, tokens = time.perf_counter(), read_bytes(), 0, 0
+while time.perf_counter() - start < seconds:
+  tokens += int(np.count_nonzero(next(iterator)["inputs_segmentation"]))
+  batches += 1
+took = time.perf_counter() - start
+print(json.dumps([batches / took, tokens / took, (read_bytes() - read) / took, builder.store.access]))
+iterator.close()
+"""
+
+
+def _memory_cgroup(limit_mib: int) -> tuple[str, str]:
+  """(folder of a new memory cgroup under this process's, limited to `limit_mib` MiB, the
+  file a process writes its pid into to join it)."""
+  with open("/proc/self/cgroup", encoding="utf-8") as f:
+    lines = f.read().splitlines()
+  for line in lines:
+    _, controllers, group = line.split(":", 2)
+    if controllers == "":
+      base, limit_file = f"/sys/fs/cgroup{group.rstrip('/')}", "memory.max"
+    elif "memory" in controllers.split(","):
+      base, limit_file = f"/sys/fs/cgroup/memory{group.rstrip('/')}", "memory.limit_in_bytes"
+    else:
+      continue
+    if os.path.isdir(base):
+      folder = os.path.join(base, f"bench_store_access_{os.getpid()}")
+      os.mkdir(folder)
+      with open(os.path.join(folder, limit_file), "w") as f:
+        f.write(str(limit_mib * 2**20))
+      return folder, os.path.join(folder, "cgroup.procs")
+  raise SystemExit("--memory-limit: no writable memory cgroup here (it needs root)")
+
+
+def larger_than_memory(args) -> int:
+  root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+  size = _drop_cache(os.path.join(args.store, "train"))
+  print(f"train split {size / 2**20:,.0f} MiB; memory limit {args.memory_limit:,} MiB")
+  folder, procs = _memory_cgroup(args.memory_limit)
+  try:
+    for access in ("normal", "random", "auto"):
+      _drop_cache(args.store)
+      command = [sys.executable, "-c", _LIMITED, procs, args.store, access, str(args.batch)]
+      command += [str(args.seconds), root]
+      out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+      batches, tokens, read, chosen = json.loads(out.splitlines()[-1])
+      name = f"auto ({chosen})" if access == "auto" else access
+      print(
+        f"{name:<13} {batches:8,.1f} batches/s of {args.batch} x 1024, {tokens / 1e6:6.2f}M"
+        f" real tokens/s, {read / 2**20:7,.1f} MiB/s read"
+      )
+  finally:
+    os.rmdir(folder)
+  return 0
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--store", required=True, help="a prepared store: PREPARED_DIR/FINGERPRINT")
   parser.add_argument("--copy-to", help="folder for the copy (default: a temporary folder)")
   parser.add_argument("--steps", type=int, default=200, help="batches to load (default 200)")
+  parser.add_argument("--memory-limit", type=int, help="MiB: load it larger than memory")
+  parser.add_argument("--seconds", type=float, default=20.0, help="with --memory-limit")
+  parser.add_argument("--batch", type=int, default=32, help="with --memory-limit: host batch")
   args = parser.parse_args()
+  if args.memory_limit:
+    return larger_than_memory(args)
 
   import pyarrow.fs as pafs  # noqa: PLC0415
 

@@ -249,6 +249,13 @@ class ConfigModel(BaseModel):
     description="local folder for the copy of a gs:// / s3:// store;"
     " empty: ~/.cache/maxtext_netdata/stores",
   )
+  network_store_access: Literal["auto", "normal", "random"] = Field(
+    "auto",
+    description="how the loader reads the store's rows from disk: normal (a fault reads the"
+    " pages around it: fills page cache fast), random (madvise MADV_RANDOM: its page only,"
+    " for a store larger than memory, read at random); auto: random when the rows exceed the"
+    " memory",
+  )
   network_split: Literal["probe", "time"] = Field(
     "probe", description="probe: test set = probes by stable address hash; time: the latest rows"
   )

@@ -124,7 +124,8 @@ class BatchBuilder:
 
   @classmethod
   def from_config(cls, config, store, global_batch_size: int, **overrides) -> BatchBuilder:
-    """A builder with the data keys of `config` (`overrides` win)."""
+    """A builder with the data keys of `config` (`overrides` win); `store` read the way
+    `network_store_access` says (`PreparedStore.with_access`)."""
     kwargs = dict(
       seq_len=config.max_target_length,
       global_batch_size=global_batch_size,
@@ -136,7 +137,7 @@ class BatchBuilder:
       num_epoch=config.num_epoch,
     )
     kwargs.update(overrides)
-    return cls(store, **kwargs)
+    return cls(store.with_access(config.network_store_access), **kwargs)
 
   def __getstate__(self):
     state = dict(self.__dict__)

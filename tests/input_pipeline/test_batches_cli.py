@@ -153,3 +153,16 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
   assert err.startswith("maxtext-netdata batches: error:") and len(err.strip().splitlines()) == 1
   code, _, err = run_batches(capsys, ["dataset_type=synthetic"], "--steps", "1")
   assert code == 2 and "network_grain" in err
+
+
+def test_the_loader_reads_the_store_the_way_the_config_says(overrides):
+  stores = {}
+  for access in ("normal", "random", "auto"):
+    config = config_lib.load(None, [*overrides, f"network_store_access={access}"])
+    builder = BatchBuilder.from_config(config, prepare.ensure_prepared(config).train, 4)
+    stores[access] = builder.store
+  assert {k: s.access for k, s in stores.items()} == {
+    "normal": "normal",
+    "random": "random",
+    "auto": "normal",  # a test store fits in memory
+  }

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import mmap
 import os
 import shutil
 import uuid
@@ -56,6 +57,16 @@ ROW_ARRAYS = {
 STATS_ARRAYS = ("probe_failed", "probe_long_gaps")
 LONG_GAP_S = 255  # a gap above this takes a DELTA4 timestamp (docs/spec.md §2)
 META_FILE = "meta.json"
+# How the row arrays' memory maps read the disk (config key `network_store_access`): "normal",
+# the kernel's read-around (a fault reads the pages around it, up to the device's read-ahead:
+# a store that fits in memory is soon all in page cache); "random", MADV_RANDOM (a fault reads
+# its own page: for a store larger than memory, whose rows the loader reads at random, the
+# read-around reads mostly what no batch needs). "auto" picks "random" for a split whose row
+# files take more than RANDOM_ABOVE times the memory (`usable_memory`). Measured with
+# `benchmarks/bench_store_access.py --memory-limit` (docs/prepare.md): 5.7x the batches with
+# "random" when the rows do not fit, 30x with "normal" for the first 20 s when they do.
+ACCESS = ("normal", "random")
+RANDOM_ABOVE = 1.0
 
 
 class PreparedStore:
@@ -67,8 +78,11 @@ class PreparedStore:
   another format version, is not a store.
   """
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, access: str = "normal"):
+    if access not in ACCESS:
+      raise ValueError(f"access {access!r}: one of {ACCESS}")
     self.path = os.fspath(path)
+    self.access = access
     meta_path = os.path.join(self.path, META_FILE)
     try:
       with open(meta_path, encoding="utf-8") as f:
@@ -86,7 +100,21 @@ class PreparedStore:
     self.num_probes = int(self.meta["num_probes"])
 
   def __reduce__(self):
-    return (PreparedStore, (self.path,))
+    return (PreparedStore, (self.path, self.access))
+
+  def with_access(self, access: str, memory: int | None = None) -> PreparedStore:
+    """This split, its row arrays read the way `access` says (ACCESS, or "auto": "random"
+    when its row files take more than RANDOM_ABOVE of `memory` bytes, by default
+    `usable_memory()`)."""
+    if access == "auto":
+      memory = usable_memory() if memory is None else memory
+      access = "random" if self.row_bytes() > RANDOM_ABOVE * memory else "normal"
+    return self if access == self.access else PreparedStore(self.path, access)
+
+  def row_bytes(self) -> int:
+    """Bytes of the split's row array files."""
+    paths = (os.path.join(self.path, f"{name}.npy") for name in ROW_ARRAYS)
+    return sum(os.path.getsize(path) for path in paths if os.path.exists(path))
 
   def __getattr__(self, name: str):
     # Only called for attributes not yet set: open the array and keep it.
@@ -106,7 +134,12 @@ class PreparedStore:
       if name == "probe_offsets"
       else (self.num_probes if name in PROBE_ARRAYS else self.num_rows)
     )
-    return self._map(name, dtype, (rows, *tail))
+    array = self._map(name, dtype, (rows, *tail))
+    if self.access == "random" and name in ROW_ARRAYS:
+      mapping = getattr(array, "_mmap", None)  # numpy's memmap keeps its mmap.mmap there
+      if mapping is not None and hasattr(mmap, "MADV_RANDOM"):
+        mapping.madvise(mmap.MADV_RANDOM)
+    return array
 
   def _map(self, name: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
     """`name`.npy memory-mapped, checked to hold `dtype` of `shape`."""
@@ -144,6 +177,38 @@ class PreparedStore:
 
   def __repr__(self) -> str:
     return f"PreparedStore({self.path!r}, rows={self.num_rows}, probes={self.num_probes})"
+
+
+def usable_memory() -> int:
+  """Bytes of memory this process may fill with page cache: the machine's, or the limit of
+  its cgroup (v1 or v2) when lower, as in a container. Our own code: psutil reads the
+  machine's alone."""
+  total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  try:
+    with open("/proc/self/cgroup", encoding="utf-8") as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return total
+  for line in lines:
+    _, controllers, group = line.split(":", 2)
+    if controllers == "":  # v2
+      candidates = [f"/sys/fs/cgroup{group.rstrip('/')}/memory.max", "/sys/fs/cgroup/memory.max"]
+    elif "memory" in controllers.split(","):  # v1
+      root = "/sys/fs/cgroup/memory"
+      candidates = [
+        f"{root}{group.rstrip('/')}/memory.limit_in_bytes",
+        f"{root}/memory.limit_in_bytes",
+      ]
+    else:
+      continue
+    for path in candidates:
+      try:
+        with open(path, encoding="utf-8") as f:
+          total = min(total, int(f.read().strip()))  # v2's "max": no limit (ValueError)
+        break
+      except (OSError, ValueError):
+        continue
+  return total
 
 
 @dataclasses.dataclass

@@ -151,6 +151,51 @@ def test_store_opens_lazily_memory_maps_and_pickles_as_its_path(tmp_path):
     assert pool.apply(_sum_seconds, (split,)) == (int(np.sum(ROWS["seconds"])), "memmap")
 
 
+def _random_read_maps(split) -> dict[str, bool]:
+  """For each array `split` has mapped (in this process, read from its smaps): whether the
+  kernel reads it at random (VmFlags `rr`: madvise MADV_RANDOM, no read-around)."""
+  flags, name = {}, None
+  with open("/proc/self/smaps", encoding="utf-8") as f:
+    for line in f:
+      if "-" in line.split(" ", 1)[0]:  # a mapping's first line: address range ... path
+        path = line.split()[-1]
+        name = os.path.basename(path)[:-4] if os.path.dirname(path) == split.path else None
+      elif line.startswith("VmFlags:") and name:
+        flags[name] = flags.get(name, False) or "rr" in line.split()[1:]
+  return flags
+
+
+def _random_in_child(split) -> dict[str, bool]:
+  split.dst, split.probe_src  # noqa: B018 (mapped)
+  return _random_read_maps(split)
+
+
+def test_a_store_read_at_random_advises_its_row_maps_only_and_keeps_it_when_pickled(tmp_path):
+  normal = written(tmp_path)
+  split = normal.with_access("random")
+  assert split.access == "random" and split.path == normal.path
+  split.dst, split.seconds, split.probe_src, normal.rtt_bytes  # noqa: B018 (mapped)
+  flags = _random_read_maps(split)
+  assert flags == {"dst": True, "seconds": True, "probe_src": False, "rtt_bytes": False}
+  # Grain's spawned workers map it the same way.
+  assert pickle.loads(pickle.dumps(split)).access == "random"
+  with multiprocessing.get_context("spawn").Pool(1) as pool:
+    assert pool.apply(_random_in_child, (split,)) == {"dst": True, "probe_src": False}
+  # auto: at random when the rows take more than the memory.
+  rows = normal.row_bytes()
+  assert rows == sum(
+    os.path.getsize(f"{normal.path}/{n}.npy")
+    for n in store.ROW_ARRAYS
+    if os.path.exists(f"{normal.path}/{n}.npy")
+  )
+  assert normal.with_access("auto", memory=rows - 1).access == "random"
+  assert normal.with_access("auto", memory=rows).access == "normal"
+  assert normal.with_access("normal") is normal
+  assert 0 < store.usable_memory() <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  with pytest.raises(ValueError, match="access 'fast'"):
+    store.PreparedStore(normal.path, "fast")
+
+
 def test_write_keeps_only_selected_rows_and_their_probes(tmp_path):
   rows = build(range(7))
   sizes = np.diff(rows.probe_offsets)
