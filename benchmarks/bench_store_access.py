@@ -101,22 +101,17 @@ iterator.close()
 def _memory_cgroup(limit_mib: int) -> tuple[str, str]:
   """(folder of a new memory cgroup under this process's, limited to `limit_mib` MiB, the
   file a process writes its pid into to join it)."""
-  with open("/proc/self/cgroup", encoding="utf-8") as f:
-    lines = f.read().splitlines()
-  for line in lines:
-    _, controllers, group = line.split(":", 2)
-    if controllers == "":
-      base, limit_file = f"/sys/fs/cgroup{group.rstrip('/')}", "memory.max"
-    elif "memory" in controllers.split(","):
-      base, limit_file = f"/sys/fs/cgroup/memory{group.rstrip('/')}", "memory.limit_in_bytes"
-    else:
-      continue
-    if os.path.isdir(base):
-      folder = os.path.join(base, f"bench_store_access_{os.getpid()}")
+  from maxtext_netdata.data.store import store  # noqa: PLC0415
+
+  for base, limit_file in store.memory_cgroups():
+    folder = os.path.join(base, f"bench_store_access_{os.getpid()}")
+    try:
       os.mkdir(folder)
-      with open(os.path.join(folder, limit_file), "w") as f:
-        f.write(str(limit_mib * 2**20))
-      return folder, os.path.join(folder, "cgroup.procs")
+    except OSError:
+      continue
+    with open(os.path.join(folder, limit_file), "w") as f:
+      f.write(str(limit_mib * 2**20))
+    return folder, os.path.join(folder, "cgroup.procs")
   raise SystemExit("--memory-limit: no writable memory cgroup here (it needs root)")
 
 

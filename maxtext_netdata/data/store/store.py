@@ -63,8 +63,8 @@ META_FILE = "meta.json"
 # its own page: for a store larger than memory, whose rows the loader reads at random, the
 # read-around reads mostly what no batch needs). "auto" picks "random" for a split whose row
 # files take more than RANDOM_ABOVE times the memory (`usable_memory`). Measured with
-# `benchmarks/bench_store_access.py --memory-limit` (docs/prepare.md): 5.7x the batches with
-# "random" when the rows do not fit, 30x with "normal" for the first 20 s when they do.
+# `benchmarks/bench_store_access.py --memory-limit` (docs/prepare.md): 5.3x the batches with
+# "random" when the rows do not fit, 34x with "normal" for the first 20 s when they do.
 ACCESS = ("normal", "random")
 RANDOM_ABOVE = 1.0
 
@@ -179,35 +179,39 @@ class PreparedStore:
     return f"PreparedStore({self.path!r}, rows={self.num_rows}, probes={self.num_probes})"
 
 
-def usable_memory() -> int:
-  """Bytes of memory this process may fill with page cache: the machine's, or the limit of
-  its cgroup (v1 or v2) when lower, as in a container. Our own code: psutil reads the
-  machine's alone."""
-  total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def memory_cgroups():
+  """(folder, limit file name) of each memory cgroup this process is in (v2, v1) whose limit
+  file exists: at its path under the usual mount point, or, in a container that mounts its
+  own cgroup as the root, at the root."""
   try:
     with open("/proc/self/cgroup", encoding="utf-8") as f:
       lines = f.read().splitlines()
   except OSError:
-    return total
+    return
   for line in lines:
     _, controllers, group = line.split(":", 2)
-    if controllers == "":  # v2
-      candidates = [f"/sys/fs/cgroup{group.rstrip('/')}/memory.max", "/sys/fs/cgroup/memory.max"]
-    elif "memory" in controllers.split(","):  # v1
-      root = "/sys/fs/cgroup/memory"
-      candidates = [
-        f"{root}{group.rstrip('/')}/memory.limit_in_bytes",
-        f"{root}/memory.limit_in_bytes",
-      ]
+    if controllers == "":
+      root, limit = "/sys/fs/cgroup", "memory.max"
+    elif "memory" in controllers.split(","):
+      root, limit = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
     else:
       continue
-    for path in candidates:
-      try:
-        with open(path, encoding="utf-8") as f:
-          total = min(total, int(f.read().strip()))  # v2's "max": no limit (ValueError)
+    for folder in dict.fromkeys((root + group.rstrip("/"), root)):
+      if os.path.exists(os.path.join(folder, limit)):
+        yield folder, limit
         break
-      except (OSError, ValueError):
-        continue
+
+
+def usable_memory() -> int:
+  """Bytes of memory this process may fill with page cache: the machine's, or the limit of
+  its cgroup when lower, as in a container. Our own code: psutil reads the machine's alone."""
+  total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  for folder, limit in memory_cgroups():
+    try:
+      with open(os.path.join(folder, limit), encoding="utf-8") as f:
+        total = min(total, int(f.read().strip()))
+    except (OSError, ValueError):  # v2's "max": no limit
+      continue
   return total
 
 
