@@ -29,20 +29,19 @@ def load_in_background(warm=None) -> None:
   when it is long. While the thread compiles, `fill_batch_now` gives the kernel's Python
   code: the first batches never wait for a compile."""
   _began[0] = _began[0] or time.perf_counter()
-  # Not in numba's cache (a machine's first run): a compile, pending from the start, not
-  # from numba's first compile event ~0.3 s later (its set-up first), which a batch asked
-  # for meanwhile would wait for.
-  compiles = not warmup.cached(fill_batch)
-
-  def set_up() -> None:
-    if compiles:
-      warmup.compiling()
-    loaded()
-
-  steps = [(_SET_UP, set_up, None)]
+  steps = [(_SET_UP, _set_up, None)]
   if warm is not None:
     steps.append((_WARM, lambda: _reporting(warm), _NOTICE))
   warmup.start(steps, thread_name="batch-kernel-load")
+
+
+def _set_up() -> None:
+  """numba's compiler state (`loaded`), on the load thread. A kernel not in numba's cache (a
+  machine's first run) is a compile, pending from here, not from numba's first compile event
+  ~0.3 s later (its set-up first), which a batch asked for meanwhile would wait for."""
+  if not warmup.cached(fill_batch):
+    warmup.compiling()
+  loaded()
 
 
 _SET_UP, _WARM = "batch kernel set-up", "batch kernel"

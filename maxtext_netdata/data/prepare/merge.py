@@ -142,14 +142,14 @@ class _Source:
   ) -> partition.Chunk:
     """Rows [starts[k], starts[k] + sizes[k]) of each probe `probes[k]` (in store order), as
     a `partition.Chunk`."""
-    runs = _joined(zip(starts.tolist(), sizes.tolist(), strict=True))
+    runs = _joined((0, start, n) for start, n in zip(starts.tolist(), sizes.tolist(), strict=True))
     rows = int(sizes.sum())
     columns = {}
     for name in names:
       dtype, tail = store.ROW_ARRAYS[name]
       columns[name] = np.empty((rows, *tail), dtype)
       at = 0
-      for start, n in runs:
+      for _, start, n in runs:
         self.read_into(name, start, columns[name][at : at + n])
         at += n
     probe = np.repeat(np.arange(len(probes), dtype=np.int32), sizes)
@@ -207,18 +207,12 @@ class _Union:
   def segments(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
     """(source, first row, rows) runs that make up groups [lo, hi) in order, where `apart`:
     each group's sources by time; neighbouring runs of one source joined."""
-    out = []
-    for g in range(lo, hi):
-      for i in self.by_time[g]:
-        p = self.index[g, i]
-        if p < 0:
-          continue
-        start, n = int(self.sources[i].starts[p]), int(self.rows[g, i])
-        if out and out[-1][0] == i and out[-1][1] + out[-1][2] == start:
-          out[-1] = (i, out[-1][1], out[-1][2] + n)
-        else:
-          out.append((int(i), start, n))
-    return out
+    return _joined(
+      (int(i), int(self.sources[i].starts[self.index[g, i]]), int(self.rows[g, i]))
+      for g in range(lo, hi)
+      for i in self.by_time[g]
+      if self.index[g, i] >= 0
+    )
 
   def parts(self, lo: int, hi: int) -> _Parts:
     """Groups [lo, hi) as a head, a middle and a tail each (`_Parts`)."""
@@ -335,14 +329,15 @@ def _copy_segments(sources, segments, name: str, out: np.ndarray) -> None:
   assert at == len(out), (at, len(out))
 
 
-def _joined(runs) -> list[tuple[int, int]]:
-  """(start, rows) runs with each run that starts where the one before ends joined to it."""
+def _joined(runs) -> list[tuple[int, int, int]]:
+  """(source, start, rows) runs with each run that starts where the one before it in the same
+  source ends joined to it."""
   out = []
-  for start, n in runs:
-    if out and out[-1][0] + out[-1][1] == start:
-      out[-1] = (out[-1][0], out[-1][1] + n)
+  for source, start, n in runs:
+    if out and out[-1][0] == source and out[-1][1] + out[-1][2] == start:
+      out[-1] = (source, out[-1][1], out[-1][2] + n)
     else:
-      out.append((start, n))
+      out.append((source, start, n))
   return out
 
 
