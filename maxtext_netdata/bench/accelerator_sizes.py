@@ -40,8 +40,8 @@ ACCELERATOR = Sizes(
   # device checked. The third H200 run compiled all of `attention_kernels.KERNELS` at full
   # size in 124 s, which left the sweeps out of the budget.
   attention_kernels=("cudnn", "cudnn_packed_fit", "pallas"),
-  # Not yet measured, each over the defaults: against the ~18 ms of memory-bound fusions of
-  # the H200's 68 ms step (docs/performance.md, "Next on an accelerator").
+  # Each over the defaults, against the ~16-18 ms of memory-bound fusions of the H200's 68 ms
+  # step; none beat them there (docs/performance.md, "a fifth run").
   xla_options=tuple(xla_flags.CANDIDATES.values()),
 )
 DRY_RUN = Sizes(

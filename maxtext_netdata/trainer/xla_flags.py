@@ -29,13 +29,14 @@ from collections.abc import MutableMapping
 
 DEFAULTS = {"xla_gpu_enable_triton_gemm": "false"}
 
-# Flag sets not yet measured on an accelerator, each run against the defaults by the
-# accelerator check's switch sweep as `compile_xla_flags` (docs/performance.md, "Next on an
-# accelerator"): what may still cut the ~18 ms of memory-bound fusions in the H200's 68 ms
-# step, by fusing elementwise work into the matmuls (cuDNN's GEMM fusions) or by emitting the
-# norms and elementwise fusions with Triton's block-level emitter. Each must differ from the
-# XLA's defaults (tests/trainer/test_xla_flags.py: `--xla_gpu_enable_cublaslt=true`, once
-# listed here, is the default of jaxlib 0.11.2 and later, and would have measured nothing).
+# Flag sets run against the defaults by the accelerator check's XLA option sweep as
+# `compile_xla_flags`: what might cut the ~16-18 ms of memory-bound fusions in the H200's 68 ms
+# step, by fusing elementwise work into the matmuls (cuDNN's GEMM fusions) or by emitting
+# the norms and elementwise fusions with Triton's block-level emitter. On an H200 none beat
+# the defaults (docs/performance.md, "a fifth run"); kept for the check on other chips. Each
+# must differ from XLA's defaults (tests/trainer/test_xla_flags.py:
+# `--xla_gpu_enable_cublaslt=true`, once listed here, is the default of jaxlib 0.11.2 and
+# later, and would have measured nothing).
 CANDIDATES = {
   "cudnn_gemm_fusion": "--xla_gpu_enable_triton_gemm=true --xla_gpu_cudnn_gemm_fusion_level=2",
   "block_level_fusions": "--xla_gpu_experimental_enable_fusion_block_level_rewriter=true",
