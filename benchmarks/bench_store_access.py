@@ -12,14 +12,15 @@ does) to `--copy-to` and loads from the copy, warm (as it is right after copying
 It prints the copy's time and the first batch and batches/s of each.
 
     python benchmarks/bench_store_access.py --store PREPARED/FINGERPRINT --memory-limit MIB
-        [--seconds 20] [--batch 32]
+        [--seconds 20] [--batch 32] [--threads 0]
 
 A store larger than memory, on a machine where it is not: loads batches for `--seconds` in a
 child process held to `--memory-limit` MiB (process and page cache together) by a memory
 cgroup made for it (v1 or v2; needs root), the store's pages dropped first, once with each
 `network_store_access` ("normal": the kernel's read-around; "random": MADV_RANDOM; "auto":
 the one it picks under that limit), and prints batches/s, real tokens/s and MiB/s read from
-disk for each.
+disk for each. "random" reads the next batches' rows ahead (`BatchBuilder.read_ahead`);
+`--threads` is `grain_num_threads` (in-process read threads).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 root, access, batch, seconds = sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
 cfg = config.load(os.path.join(sys.argv[6], "configs", "latency_network.yml"),
   ["grain_worker_count=0", f"global_batch_size_to_load={batch}", "grain_train_files=unused",
-   f"network_store_access={access}"])
+   f"network_store_access={access}", f"grain_num_threads={sys.argv[7]}"])
 builder = BatchBuilder.from_config(cfg, store.PreparedStore(os.path.join(root, "train")), batch)
 iterator = network_grain.make_iterator(cfg, builder, 0, batch, None, in_process=True)
 def read_bytes():
@@ -118,13 +119,16 @@ def _memory_cgroup(limit_mib: int) -> tuple[str, str]:
 def larger_than_memory(args) -> int:
   root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
   size = _drop_cache(os.path.join(args.store, "train"))
-  print(f"train split {size / 2**20:,.0f} MiB; memory limit {args.memory_limit:,} MiB")
+  print(
+    f"train split {size / 2**20:,.0f} MiB; memory limit {args.memory_limit:,} MiB;"
+    f" grain_num_threads={args.threads}"
+  )
   folder, procs = _memory_cgroup(args.memory_limit)
   try:
     for access in ("normal", "random", "auto"):
       _drop_cache(args.store)
       command = [sys.executable, "-c", _LIMITED, procs, args.store, access, str(args.batch)]
-      command += [str(args.seconds), root]
+      command += [str(args.seconds), root, str(args.threads)]
       out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
       batches, tokens, read, chosen = json.loads(out.splitlines()[-1])
       name = f"auto ({chosen})" if access == "auto" else access
@@ -145,6 +149,9 @@ def main() -> int:
   parser.add_argument("--memory-limit", type=int, help="MiB: load it larger than memory")
   parser.add_argument("--seconds", type=float, default=20.0, help="with --memory-limit")
   parser.add_argument("--batch", type=int, default=32, help="with --memory-limit: host batch")
+  parser.add_argument(
+    "--threads", type=int, default=0, help="with --memory-limit: grain_num_threads (default 0)"
+  )
   args = parser.parse_args()
   if args.memory_limit:
     return larger_than_memory(args)

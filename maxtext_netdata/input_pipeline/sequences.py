@@ -23,6 +23,7 @@ import threading
 
 import numpy as np
 
+from maxtext_netdata.data.store import read_ahead
 from maxtext_netdata.errors import ConfigError, DataError
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline import (
@@ -43,6 +44,9 @@ FILLER_ROWS = 2
 # then FILLERS fillers, and a context at most max_target_length // 12 measurements.
 MAX_SEQ_LEN = tk.SHORTEST_MEASUREMENT[4] * (rng.COUNTER_LIMIT - FILLERS + 1) - 1
 _PLAN_CACHE = 2  # epochs whose plan a builder keeps (the current one and its neighbour)
+# From a store read at random: the batches ahead of the one being built whose store rows are
+# asked for (`BatchBuilder.read_ahead`).
+READ_AHEAD_STEPS = 4
 
 KEYS = (
   "inputs",
@@ -117,6 +121,11 @@ class BatchBuilder:
     self._plans: dict[int, epoch_plan.EpochPlan] = {}
     self._settings: dict[int, batch_kernel.Settings] = {}
     self._lock = threading.Lock()  # Grain's read threads share the builder
+    # Read-ahead from a store read at random (`gather`): by (lo, hi), the first step not yet
+    # asked for and the step being built; the thread that asks, made with the first batch.
+    self._asked: dict[tuple[int, int], int] = {}
+    self._building: dict[tuple[int, int], int] = {}
+    self._reader: read_ahead.ReadAhead | None = None
     self._buffers = buffers.OutputPool()  # batches' memory, reused once they are released
     batch_kernel_loading.load_in_background(
       self._warm_kernel
@@ -143,6 +152,7 @@ class BatchBuilder:
     state = dict(self.__dict__)
     state["_plans"] = {}
     state["_settings"] = {}
+    state.update(_asked={}, _building={}, _reader=None)
     state.pop("stats", None)
     state.pop("_store_columns", None)
     del state["_lock"]
@@ -236,7 +246,71 @@ class BatchBuilder:
     return settings
 
   def gather(self, step: int, lo: int, hi: int) -> BatchRows:
-    """Rows [lo, hi) of global batch `step`: their epoch and plan rows."""
+    """Rows [lo, hi) of global batch `step`: their epoch and plan rows. From a store read at
+    random (larger than memory, `network_store_access`), the store rows of the same rows of
+    the next READ_AHEAD_STEPS batches are asked for too, on a thread (`read_ahead`)."""
+    if self.store.access == "random" and hi > lo:
+      self._read_ahead_next(step, lo, hi)
+    return self._rows(step, lo, hi)
+
+  def _read_ahead_next(self, step: int, lo: int, hi: int) -> None:
+    last = step + READ_AHEAD_STEPS
+    if self.num_steps is not None:
+      last = min(last, self.num_steps - 1)
+    with self._lock:
+      asked = self._asked.get((lo, hi), 0)
+      first = asked if step < asked <= last + 1 else step + 1
+      self._asked[(lo, hi)] = max(first, last + 1)
+      self._building[(lo, hi)] = step
+      if self._reader is None:
+        self._reader = read_ahead.ReadAhead()
+    if first <= last:
+      self._reader.submit(functools.partial(self.read_ahead, first, last, lo, hi))
+
+  def read_ahead(self, first: int, last: int, lo: int, hi: int) -> int:
+    """Asks the kernel to read into page cache, without waiting, the store rows that rows
+    [lo, hi) of batches `first` .. `last` may read (`context_rows`; `read_ahead.will_need`),
+    but those of batches already being built: from a store larger than memory each batch's
+    rows then arrive together while the batches before it are built, instead of one page
+    fault at a time as the batch kernel reads them. Returns the page runs asked for."""
+    names = ("dst", "seconds", "failed", "rtt_bytes")
+    names += ("hashed_order",) if self.field_order == "hashed" else ()
+    arrays = [getattr(self.store, name) for name in names]
+    runs = 0
+    for step in range(first, last + 1):
+      if step > self._building.get((lo, hi), -1):
+        runs += read_ahead.will_need(arrays, *self.context_rows(self._rows(step, lo, hi)))
+    return runs
+
+  def context_rows(self, rows: BatchRows) -> tuple[np.ndarray, np.ndarray]:
+    """(first, stop) store rows the batch kernel may read for `rows`: of each plan context,
+    from its start, at most as many measurements as a sequence holds; with packing, of each
+    filler a row may try (a row reads its fillers only when its own contexts leave room:
+    asking for them too took 1.2x the batches from a store larger than memory)."""
+    plan = rows.plan
+    first = plan.context_offsets[rows.plan_rows]
+    counts = plan.context_offsets[rows.plan_rows + 1] - first
+    before = np.cumsum(counts) - counts
+    index = np.repeat(first - before, counts) + np.arange(int(counts.sum()))
+    start, end = plan.context_start[index], plan.context_end[index]
+    version = np.asarray(self.store.probe_version)[plan.context_probe[index]]
+    shortest = np.where(version == 4, tk.SHORTEST_MEASUREMENT[4], tk.SHORTEST_MEASUREMENT[6])
+    count = np.maximum(np.minimum(end - start, self.seq_len // shortest), 1)
+    if not self.packing:
+      return start, start + count
+    # The fillers each row may try (`batch_kernel._filler`): a random store row, at most
+    # FILLER_ROWS from it, within its probe.
+    key = self._settings_of(rows.epoch).keys[2:3]
+    k = counts[:, None] + np.arange(FILLERS)
+    plan_rows = np.broadcast_to(rows.plan_rows[:, None], k.shape)
+    filler = rng.random_bits(key, plan_rows, k, 0) % np.uint64(self.store.num_rows)
+    filler = filler.astype(np.int64).ravel()
+    offsets = self.stats.offsets
+    probe_end = offsets[np.searchsorted(offsets, filler, side="right")]
+    filler_stop = np.minimum(probe_end, filler + FILLER_ROWS)
+    return np.r_[start, filler], np.r_[start + count, filler_stop]
+
+  def _rows(self, step: int, lo: int, hi: int) -> BatchRows:
     epoch, step_in_epoch = divmod(step, self.steps_per_epoch)
     plan = self.plan(epoch)
     position = step_in_epoch * self.global_batch_size + np.arange(lo, hi)
