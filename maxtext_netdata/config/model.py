@@ -253,8 +253,8 @@ class ConfigModel(BaseModel):
     "auto",
     description="how the loader reads the store's rows from disk: normal (a fault reads the"
     " pages around it: fills page cache fast), random (madvise MADV_RANDOM: its page only,"
-    " for a store larger than memory, read at random); auto: random when the rows exceed the"
-    " memory",
+    " for a store larger than memory, read at random; the next batches' rows asked for"
+    " ahead); auto: random when the rows exceed the memory",
   )
   network_split: Literal["probe", "time"] = Field(
     "probe", description="probe: test set = probes by stable address hash; time: the latest rows"

@@ -64,7 +64,8 @@ META_FILE = "meta.json"
 # read-around reads mostly what no batch needs). "auto" picks "random" for a split whose row
 # files take more than RANDOM_ABOVE times the memory (`usable_memory`). Measured with
 # `benchmarks/bench_store_access.py --memory-limit` (docs/prepare.md): 5.3x the batches with
-# "random" when the rows do not fit, 34x with "normal" for the first 20 s when they do.
+# "random" when the rows do not fit, 34x with "normal" for the first 20 s when they do. With
+# "random" the loader also reads the next batches' rows ahead (`read_ahead`).
 ACCESS = ("normal", "random")
 RANDOM_ABOVE = 1.0
 
