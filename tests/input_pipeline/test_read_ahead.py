@@ -15,7 +15,12 @@ import pytest
 
 from maxtext_netdata.data.store import read_ahead
 from maxtext_netdata.data.store.store import PreparedStore
-from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS, READ_AHEAD_STEPS, BatchBuilder
+from maxtext_netdata.input_pipeline.sequences import (
+  FILLERS,
+  INPUT_KEYS,
+  READ_AHEAD_STEPS,
+  BatchBuilder,
+)
 from tests.helpers import pipeline
 
 ROW_NAMES = ("dst", "seconds", "failed", "rtt_bytes")
@@ -63,19 +68,21 @@ def test_page_runs_are_the_pages_of_the_rows_merged():
 
 
 @pytest.mark.parametrize("packing", [True, False])
-def test_a_batch_reads_no_store_row_outside_those_read_ahead_asks_for(
-  store_path, tmp_path, packing
-):
+def test_a_batch_reads_no_store_row_outside_those_context_rows_names(store_path, tmp_path, packing):
   original = PreparedStore(store_path)
   b = builder(original, packing=packing)
   step = 2
   rows = b.gather(step, 0, 8)
   want = {key: array.copy() for key, array in b.build(rows).items()}
-  starts, stops = b.context_rows(rows)
   asked = np.zeros(original.num_rows, bool)
-  for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
+  for start, stop in zip(*(a.tolist() for a in b.context_rows(rows, FILLERS)), strict=True):
     asked[start:stop] = True
   assert 0 < asked.mean() < 0.5
+  # read ahead: all of them but the fillers after the first (rows seldom take those)
+  first = np.zeros_like(asked)
+  for start, stop in zip(*(a.tolist() for a in b.context_rows(rows)), strict=True):
+    first[start:stop] = True
+  assert (asked >= first).all() and (packing or (asked == first).all())
 
   # A copy whose rows outside those asked for are all changed: the same batch, bit for bit,
   # only if the batch reads none of them. The probes' counts are kept, so is the plan.
@@ -152,8 +159,21 @@ def test_a_store_read_at_random_has_the_next_batches_rows_read_ahead(store_path)
   assert b._reader.done == 1 and b._reader.error is None
   assert [resident_share(a, starts, stops) for a in arrays] == [1.0] * len(arrays)
   # nothing is asked for twice: the next batch asks for one more batch's rows only
-  b.gather(1, 0, 8)
-  assert b._asked[(0, 8)] == READ_AHEAD_STEPS + 2
+  assert b._read_ahead_next(1, 0, 8) == [READ_AHEAD_STEPS + 1]
+
+
+def test_a_worker_reads_ahead_the_batches_it_builds(store_path):
+  # Grain's worker 1 of 3 builds batches 1, 4, 7, ...: it asks for those, each once.
+  b = builder(PreparedStore(store_path, "random"))
+  assert b._read_ahead_next(1, 0, 8) == [2, 3, 4, 5]  # no gap seen yet: the next ones
+  assert b._read_ahead_next(4, 0, 8) == [7, 10, 13, 16]
+  assert b._read_ahead_next(7, 0, 8) == [19]
+  assert b._read_ahead_next(10, 0, 8) == [22]
+  # a new iterator from an earlier step starts again, at the stride it knows
+  assert b._read_ahead_next(0, 0, 8) == [1, 2, 3, 4]
+  # and the last batch of the run is the last asked for
+  last = b.num_steps - 1
+  assert b._read_ahead_next(last - 2, 0, 8) == [last - 1, last]
 
 
 def test_read_ahead_changes_no_batch(store_path):
@@ -161,7 +181,7 @@ def test_read_ahead_changes_no_batch(store_path):
   for step in range(6):
     want, got = (b.build_shifted(b.gather(step, 2, 7)) for b in (normal, randomly))
     assert all((got[key] == want[key]).all() for key in want)
-  assert randomly._reader.error is None and randomly._asked[(2, 7)] == 6 + READ_AHEAD_STEPS
+  assert randomly._reader.error is None and randomly._asked[(2, 7)] == 5 + READ_AHEAD_STEPS
 
 
 def test_a_store_read_normally_is_not_read_ahead(store_path):

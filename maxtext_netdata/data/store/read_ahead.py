@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import mmap
+import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -71,25 +72,28 @@ def will_need(arrays: Sequence[np.ndarray], starts: np.ndarray, stops: np.ndarra
 
 class ReadAhead:
   """A daemon thread that runs the read-ahead jobs handed to it (`submit`), off the loader's
-  path: a batch of 32 x 1024 asks for ~130 page runs, ~10 us each, a third of the time the
-  batch took when they ran on the loader's thread.
+  path: a batch of 32 x 1024 asks for ~200 page runs, ~10 us each, as long as the batch
+  kernel takes over the batch from a store larger than memory.
 
   Jobs are advice: one that raises is dropped, with a warning for the first (the batch it was
   for raises the same error when it is built, or is built without being read ahead; `error`
   keeps it). The thread starts with the first job, in the process that submits it,
-  and holds no resource to release: it ends with the process.
+  and holds no resource to release: it ends with the process (a process forked from it starts
+  its own).
   """
 
   def __init__(self):
     self._jobs: queue.SimpleQueue = queue.SimpleQueue()
     self._thread: threading.Thread | None = None
+    self._pid = os.getpid()
     self._lock = threading.Lock()
     self.done = 0  # jobs run, for tests and benchmarks
     self.error: BaseException | None = None  # the first a job raised
 
   def submit(self, job: Callable[[], object]) -> None:
     with self._lock:
-      if self._thread is None:
+      if self._thread is None or self._pid != os.getpid():  # a forked child has no thread
+        self._jobs, self._pid = queue.SimpleQueue(), os.getpid()
         self._thread = threading.Thread(target=self._run, name="store-read-ahead", daemon=True)
         self._thread.start()
     self._jobs.put(job)
