@@ -60,9 +60,10 @@ def test_start_resumes_mid_epoch(capsys, overrides):
 def test_same_digests_for_zero_and_two_workers_and_a_clean_exit(overrides):
   """Through the console entry point, as a user runs it. With workers, every /dev/shm block
   they handed over is unlinked before the process ends, not left to Python's resource tracker
-  (which would warn of leaked shared_memory objects)."""
+  (which would warn of leaked shared_memory objects). The same from workers that read the
+  store at random, each with its read-ahead thread."""
   outputs = []
-  for workers in (0, 2):
+  for workers, access in ((0, "auto"), (2, "auto"), (2, "random")):
     result = subprocess.run(
       [
         sys.executable,
@@ -72,6 +73,7 @@ def test_same_digests_for_zero_and_two_workers_and_a_clean_exit(overrides):
         "configs/base.yml",
         *overrides,
         f"grain_worker_count={workers}",
+        f"network_store_access={access}",
         "--steps",
         "4",
       ],
@@ -84,7 +86,7 @@ def test_same_digests_for_zero_and_two_workers_and_a_clean_exit(overrides):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "leaked" not in result.stderr, result.stderr[-2000:]
     outputs.append(result.stdout)
-  assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 4
+  assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0].splitlines()) == 4
 
 
 @pytest.mark.slow
