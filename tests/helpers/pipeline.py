@@ -14,7 +14,7 @@ from maxtext_netdata import config
 from maxtext_netdata.data.store import store as store_lib
 from maxtext_netdata.format import tokenizer
 from maxtext_netdata.format import tokens as tk
-from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS
+from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS, BatchBuilder
 
 
 def write_store(
@@ -53,6 +53,23 @@ def write_store(
   )
   rows.write(path, {})
   return store_lib.PreparedStore(path)
+
+
+def builder(store, **overrides) -> BatchBuilder:
+  """A batch builder over `store` with the unit tests' data keys (`overrides` win): rows of
+  256 tokens, batches of 8, packed and shuffled, every mode, random field orders, one epoch."""
+  kwargs = dict(
+    seq_len=256,
+    global_batch_size=8,
+    seed=0,
+    packing=True,
+    shuffle=True,
+    mode_weights=(0.4, 0.3, 0.3),
+    field_order="random",
+    num_epoch=1,
+  )
+  kwargs.update(overrides)
+  return BatchBuilder(store, **kwargs)
 
 
 def write_raw_parquet(folder: str, *, rows: int = 6000, probes: int = 40, seed: int = 0) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from maxtext_netdata.input_pipeline import epoch_plan, rng
-from maxtext_netdata.input_pipeline.sequences import BatchBuilder, BatchRows
+from maxtext_netdata.input_pipeline.sequences import BatchRows
 from tests.helpers import pipeline
 
 _FIRST_BATCH = """
@@ -68,13 +68,11 @@ def test_the_kernel_refuses_a_context_counter_past_its_bits(tmp_path):
   """A row with more contexts than 12 bits count would reuse draws of its first contexts:
   the kernel raises instead (BatchBuilder refuses such sequence lengths before)."""
   store = pipeline.write_store(str(tmp_path / "train"), probes=20)
-  b = BatchBuilder(
+  b = pipeline.builder(
     store,
     seq_len=1024,
     global_batch_size=1,
-    seed=0,
     packing=False,
-    shuffle=True,
     mode_weights=(0.0, 0.0, 1.0),
     field_order="fixed",
     num_epoch=-1,
@@ -109,17 +107,7 @@ def test_a_corrupted_field_order_in_the_store_is_a_data_error(tmp_path):
   orders = np.load(path)
   orders[:] = 200
   np.save(path, orders)
-  b = BatchBuilder(
-    store,
-    seq_len=256,
-    global_batch_size=2,
-    seed=0,
-    packing=True,
-    shuffle=True,
-    mode_weights=(0.4, 0.3, 0.3),
-    field_order="hashed",
-    num_epoch=-1,
-  )
+  b = pipeline.builder(store, global_batch_size=2, field_order="hashed", num_epoch=-1)
   with pytest.raises(DataError, match=f"{store.path}: .*hashed field order"):
     b.build_shifted(b.gather(0, 0, 2))
 
@@ -133,17 +121,7 @@ def test_outputs_are_aligned_for_jax_to_use_them_in_place(tmp_path):
   from maxtext_netdata.input_pipeline import interface, transforms
 
   store = pipeline.write_store(str(tmp_path / "train"), probes=20)
-  b = BatchBuilder(
-    store,
-    seq_len=256,
-    global_batch_size=3,
-    seed=0,
-    packing=True,
-    shuffle=True,
-    mode_weights=(0.4, 0.3, 0.3),
-    field_order="random",
-    num_epoch=-1,
-  )
+  b = pipeline.builder(store, global_batch_size=3, num_epoch=-1)
   for step in range(8):  # several allocations: numpy's own alignment varies between them
     rows = b.gather(step, 0, 3)
     for batch in (b.build_shifted(rows), transforms.shift_data(b.build(rows))):

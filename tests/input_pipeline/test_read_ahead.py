@@ -19,26 +19,13 @@ from maxtext_netdata.input_pipeline.sequences import (
   FILLERS,
   INPUT_KEYS,
   READ_AHEAD_STEPS,
-  BatchBuilder,
 )
 from tests.helpers import pipeline
 
 ROW_NAMES = ("dst", "seconds", "failed", "rtt_bytes")
 
 
-def builder(store, **overrides) -> BatchBuilder:
-  kwargs = dict(
-    seq_len=256,
-    global_batch_size=8,
-    seed=0,
-    packing=True,
-    shuffle=True,
-    mode_weights=(0.4, 0.3, 0.3),
-    field_order="random",
-    num_epoch=1,
-  )
-  kwargs.update(overrides)
-  return BatchBuilder(store, **kwargs)
+builder = pipeline.builder
 
 
 @pytest.fixture(scope="module")

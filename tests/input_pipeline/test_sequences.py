@@ -27,19 +27,7 @@ def store(tmp_path_factory):
   return pipeline.write_store(str(tmp_path_factory.mktemp("store") / "train"))
 
 
-def builder(store, **overrides) -> BatchBuilder:
-  kwargs = dict(
-    seq_len=SEQ_LEN,
-    global_batch_size=8,
-    seed=0,
-    packing=True,
-    shuffle=True,
-    mode_weights=(0.4, 0.3, 0.3),
-    field_order="random",
-    num_epoch=1,
-  )
-  kwargs.update(overrides)
-  return BatchBuilder(store, **kwargs)
+builder = pipeline.builder
 
 
 def build(b: BatchBuilder, step: int, lo: int = 0, hi: int | None = None):
