@@ -175,3 +175,26 @@ def test_a_store_read_normally_is_not_read_ahead(store_path):
   b = builder(PreparedStore(store_path, "normal"))
   b.gather(0, 0, 8)
   assert b._reader is None and not b._asked
+
+
+def wait_for(condition, seconds: float = 10.0) -> bool:
+  deadline = time.monotonic() + seconds
+  while not condition() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  return condition()
+
+
+def test_the_read_ahead_thread_ends_when_idle_and_survives_a_failing_job(caplog):
+  reader = read_ahead.ReadAhead(idle_s=0.2)
+  ran = []
+  reader.submit(lambda: 1 / 0)
+  reader.submit(lambda: ran.append(1))
+  assert wait_for(lambda: reader.done == 2) and ran == [1]
+  assert isinstance(reader.error, ZeroDivisionError)
+  assert "reading the store ahead of its batches failed" in caplog.text
+  thread = reader._thread
+  assert wait_for(lambda: not reader.running)  # idle: the thread is gone
+  thread.join(5)
+  assert not thread.is_alive()
+  reader.submit(lambda: ran.append(2))  # and a new job starts another
+  assert wait_for(lambda: reader.done == 3) and ran == [1, 2]

@@ -28,6 +28,7 @@ import numpy as np
 _log = logging.getLogger(__name__)
 _PAGE = mmap.PAGESIZE
 _WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
+IDLE_S = 5.0  # a read-ahead thread with no job for this long ends
 
 
 def _libc_madvise():
@@ -77,30 +78,44 @@ class ReadAhead:
 
   Jobs are advice: one that raises is dropped, with a warning for the first (the batch it was
   for raises the same error when it is built, or is built without being read ahead; `error`
-  keeps it). The thread starts with the first job, in the process that submits it,
-  and holds no resource to release: it ends with the process (a process forked from it starts
-  its own).
+  keeps it). The thread starts with a job, in the process that submits it, and ends after
+  `idle_s` seconds without one (a builder whose iterator is closed leaves no thread behind);
+  it holds no resource to release, and a process forked from it starts its own.
   """
 
-  def __init__(self):
+  def __init__(self, idle_s: float = IDLE_S):
     self._jobs: queue.SimpleQueue = queue.SimpleQueue()
     self._thread: threading.Thread | None = None
     self._pid = os.getpid()
     self._lock = threading.Lock()
+    self._idle_s = idle_s
     self.done = 0  # jobs run, for tests and benchmarks
     self.error: BaseException | None = None  # the first a job raised
 
   def submit(self, job: Callable[[], object]) -> None:
     with self._lock:
-      if self._thread is None or self._pid != os.getpid():  # a forked child has no thread
-        self._jobs, self._pid = queue.SimpleQueue(), os.getpid()
+      if self._pid != os.getpid():  # a forked child: no thread, and the queue is the parent's
+        self._jobs, self._thread, self._pid = queue.SimpleQueue(), None, os.getpid()
+      if self._thread is None:
         self._thread = threading.Thread(target=self._run, name="store-read-ahead", daemon=True)
         self._thread.start()
-    self._jobs.put(job)
+      self._jobs.put(job)  # under the lock: the thread cannot end between the check and this
+
+  @property
+  def running(self) -> bool:
+    with self._lock:
+      return self._thread is not None
 
   def _run(self) -> None:
     while True:
-      job = self._jobs.get()
+      try:
+        job = self._jobs.get(timeout=self._idle_s)
+      except queue.Empty:
+        with self._lock:
+          if self._jobs.empty():
+            self._thread = None
+            return
+        continue
       try:
         job()
       except Exception as e:  # advice only; see the class docstring
