@@ -50,7 +50,7 @@ _PLAN_CACHE = 2  # epochs whose plan a builder keeps (the current one and its ne
 READ_AHEAD_STEPS = 4
 # ... and of each row's fillers, the first: at 32 x 1024 on a 60M-row store, 34% of the rows
 # took their first filler, 1.4% a second, 0.3% a third; asking for the first besides the
-# contexts gave 1.2x the batches, asking for all three read 1.1x the bytes for no more.
+# contexts gave 1.2x the batches, asking for all three read 1.18x the bytes for no more.
 READ_AHEAD_FILLERS = 1
 
 KEYS = (

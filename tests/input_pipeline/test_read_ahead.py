@@ -156,7 +156,7 @@ def test_a_worker_reads_ahead_the_batches_it_builds(store_path):
   assert b._read_ahead_next(4, 0, 8) == [7, 10, 13, 16]
   assert b._read_ahead_next(7, 0, 8) == [19]
   assert b._read_ahead_next(10, 0, 8) == [22]
-  # a new iterator from an earlier step starts again, at the stride it knows
+  # a new iterator from an earlier step starts again (its gap to step 1 makes the stride 1)
   assert b._read_ahead_next(0, 0, 8) == [1, 2, 3, 4]
   # and the last batch of the run is the last asked for
   last = b.num_steps - 1
