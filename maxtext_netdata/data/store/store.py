@@ -30,6 +30,7 @@ import json
 import mmap
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Callable
 
@@ -109,7 +110,15 @@ class PreparedStore:
     `usable_memory()`)."""
     if access == "auto":
       memory = usable_memory() if memory is None else memory
-      access = "random" if self.row_bytes() > RANDOM_ABOVE * memory else "normal"
+      rows = self.row_bytes()
+      access = "random" if rows > RANDOM_ABOVE * memory else "normal"
+      if access == "random":
+        print(
+          f"network_grain: {self.path}: rows {rows / 2**30:,.1f} GiB, memory"
+          f" {memory / 2**30:,.1f} GiB: read at random, ahead of the batches"
+          " (network_store_access=auto)",
+          file=sys.stderr,
+        )
     return self if access == self.access else PreparedStore(self.path, access)
 
   def row_bytes(self) -> int:

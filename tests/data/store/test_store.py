@@ -170,7 +170,9 @@ def _random_in_child(split) -> dict[str, bool]:
   return _random_read_maps(split)
 
 
-def test_a_store_read_at_random_advises_its_row_maps_only_and_keeps_it_when_pickled(tmp_path):
+def test_a_store_read_at_random_advises_its_row_maps_only_and_keeps_it_when_pickled(
+  tmp_path, capsys
+):
   normal = written(tmp_path)
   split = normal.with_access("random")
   assert split.access == "random" and split.path == normal.path
@@ -189,7 +191,11 @@ def test_a_store_read_at_random_advises_its_row_maps_only_and_keeps_it_when_pick
     if os.path.exists(f"{normal.path}/{n}.npy")
   )
   assert normal.with_access("auto", memory=rows - 1).access == "random"
+  said = capsys.readouterr().err  # and says so, once, with the sizes
+  assert said.count("\n") == 1 and "read at random, ahead of the batches" in said
+  assert normal.path in said and "network_store_access=auto" in said
   assert normal.with_access("auto", memory=rows).access == "normal"
+  assert capsys.readouterr().err == ""
   assert normal.with_access("normal") is normal
   assert 0 < store.usable_memory() <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
   with pytest.raises(ValueError, match="access 'fast'"):
