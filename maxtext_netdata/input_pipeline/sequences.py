@@ -126,12 +126,11 @@ class BatchBuilder:
     self._plans: dict[int, epoch_plan.EpochPlan] = {}
     self._settings: dict[int, batch_kernel.Settings] = {}
     self._lock = threading.Lock()  # Grain's read threads share the builder
-    # Read-ahead from a store read at random (`gather`): by (lo, hi), the last steps gathered,
-    # the last step asked for and the step being built; the thread that asks, made with the
-    # first batch.
+    # Read-ahead from a store read at random (`gather`): by (lo, hi), the last steps gathered
+    # (the last one is being built) and the last step asked for; the thread that asks, made
+    # with the first batch.
     self._recent: dict[tuple[int, int], collections.deque] = {}
     self._asked: dict[tuple[int, int], int] = {}
-    self._building: dict[tuple[int, int], int] = {}
     self._reader: read_ahead.ReadAhead | None = None
     self._buffers = buffers.OutputPool()  # batches' memory, reused once they are released
     batch_kernel_loading.load_in_background(
@@ -159,7 +158,7 @@ class BatchBuilder:
     state = dict(self.__dict__)
     state["_plans"] = {}
     state["_settings"] = {}
-    state.update(_recent={}, _asked={}, _building={}, _reader=None)
+    state.update(_recent={}, _asked={}, _reader=None)
     state.pop("stats", None)
     state.pop("_store_columns", None)
     del state["_lock"]
@@ -280,7 +279,6 @@ class BatchBuilder:
       if num_steps is not None:
         steps = [s for s in steps if s < num_steps]
       self._asked[key] = max(asked, last)
-      self._building[key] = step
       if self._reader is None:
         self._reader = read_ahead.ReadAhead()
     if steps:
@@ -296,9 +294,10 @@ class BatchBuilder:
     names = ("dst", "seconds", "failed", "rtt_bytes")
     names += ("hashed_order",) if self.field_order == "hashed" else ()
     arrays = [getattr(self.store, name) for name in names]
+    recent = self._recent.get((lo, hi)) or (-1,)
     runs = 0
     for step in steps:
-      if step > self._building.get((lo, hi), -1):
+      if step > recent[-1]:  # not being built yet
         runs += read_ahead.will_need(arrays, *self.context_rows(self._rows(step, lo, hi)))
     return runs
 
