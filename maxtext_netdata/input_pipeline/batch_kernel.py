@@ -35,6 +35,7 @@ import numpy as np
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.format.tokenizer import PERMUTATIONS
 from maxtext_netdata.input_pipeline import rng
+from maxtext_netdata.input_pipeline.plan_order import row_at
 from maxtext_netdata.kernels import kernel_cache
 
 kernel_cache.install()  # the cache keyed on the token format's and rng's text too
@@ -112,15 +113,22 @@ class StoreColumns(NamedTuple):
   hashed_order: np.ndarray  # uint8 [N, 2]; read only for the hashed field order (else any)
 
 
-class Contexts(NamedTuple):
-  """An epoch plan's contexts (`epoch_plan.EpochPlan`): plan row p has contexts
-  [offsets[p], offsets[p + 1]); context c reads probe `probe[c]`'s store rows from `start[c]`
-  up to (not including) `end[c]`."""
+class Plan(NamedTuple):
+  """An epoch plan (`epoch_plan.EpochPlan`, its `kernel_plan()`): the long plan rows by probe,
+  the short ones' contexts, and the order of the plan rows in the stream (`plan_order`)."""
 
-  offsets: np.ndarray  # int64 [R + 1]
-  probe: np.ndarray  # int64 [C]
-  start: np.ndarray  # int64 [C]
-  end: np.ndarray  # int64 [C]
+  long_first: np.ndarray  # int64 [P + 1]: probe p's long plan rows [long_first[p], ...[p + 1])
+  long_start: np.ndarray  # int64 [P]: store row of probe p's first long piece
+  stride: np.ndarray  # int64 [P]
+  short_offsets: np.ndarray  # int64 [S + 1]: short plan row j's contexts
+  short_probe: np.ndarray  # int64 [C]
+  short_start: np.ndarray  # int64 [C]
+  short_end: np.ndarray  # int64 [C]
+  order_keys: np.ndarray  # uint64: `plan_order.row_at`'s arguments
+  short_position: np.ndarray  # int64
+  short_by_position: np.ndarray  # int64
+  num_long: int
+  num_rows: int
 
 
 class Settings(NamedTuple):
@@ -159,16 +167,17 @@ class _Taken(NamedTuple):
 
 
 @numba.njit(cache=True, nogil=True)
-def fill_batch(plan_rows, contexts, store, settings, out, shifted):
-  """Writes the batch whose row r is plan row `plan_rows[r]` into `out` (`Outputs`' fields).
+def fill_batch(positions, plan, store, settings, out, shifted):
+  """Writes the batch whose row r is the plan row at stream position `positions[r]` of the
+  epoch (`plan_order.row_at`) into `out` (`Outputs`' fields).
 
-  contexts, store, settings, out: the fields of `Contexts`, `StoreColumns`, `Settings` and
+  plan, store, settings, out: the fields of `Plan`, `StoreColumns`, `Settings` and
   `Outputs` as plain tuples (`tuple(named)`), named again here. numba types a plain tuple's
   arguments in its C dispatcher and a named tuple's in Python: the named ones cost ~10 µs a
   call, as much as the pass over a small batch. The three targets arrays of `out` are
   written only when `shifted` (pass the inputs arrays there otherwise: never touched).
   """
-  contexts, store = Contexts(*contexts), StoreColumns(*store)
+  plan, store = Plan(*plan), StoreColumns(*store)
   settings, out = Settings(*settings), Outputs(*out)
   seq_len = out.inputs.shape[1]
   capacity = seq_len // _SHORTEST_V4 + 1  # measurements of one context, segments of a row
@@ -183,41 +192,50 @@ def fill_batch(plan_rows, contexts, store, settings, out, shifted):
   )
   segment_start = np.empty(capacity, np.int64)
   segment_used = np.empty(capacity, np.int64)
-  _fill_rows(plan_rows, contexts, store, settings, out, shifted, taken, segment_start, segment_used)
+  _fill_rows(positions, plan, store, settings, out, shifted, taken, segment_start, segment_used)
 
 
 @numba.njit(_nrt=False)
-def _fill_rows(
-  plan_rows, contexts, store, settings, out, shifted, taken, segment_start, segment_used
-):
+def _fill_rows(positions, plan, store, settings, out, shifted, taken, segment_start, segment_used):
   """`fill_batch`'s pass over the rows, with its scratch arrays.
 
   Compiled without numba's reference counting, as it allocates nothing: with it, every read of
   an array from one of the named tuples counted a reference to it with two atomic calls, which
   made the pass 3.5x slower than passing each array on its own (measured at 8 x 1024).
   """
-  for r in range(plan_rows.shape[0]):
+  for r in range(positions.shape[0]):
+    plan_row = row_at(*plan[7:], positions[r])  # the order's fields
     filled, segments = _fill_row(
-      out.inputs[r], plan_rows[r], contexts, store, settings, taken, segment_start, segment_used
+      out.inputs[r], plan_row, plan, store, settings, taken, segment_start, segment_used
     )
     _finish_row(out, r, segment_start, segment_used, segments, filled, shifted)
 
 
 @numba.njit(inline="always")
-def _fill_row(row_inputs, plan_row, contexts, store, settings, taken, segment_start, segment_used):
+def _fill_row(row_inputs, plan_row, plan, store, settings, taken, segment_start, segment_used):
   """Writes plan row `plan_row`'s contexts, then the fillers, into `row_inputs`, each as one
   segment while it fits: (tokens written, segments), each segment's start and length in
   `segment_start`, `segment_used`."""
   seq_len = row_inputs.shape[0]
-  first_context = contexts.offsets[plan_row]
-  planned = contexts.offsets[plan_row + 1] - first_context
+  if plan_row < plan.num_long:  # one context, from its piece's start to the probe's end
+    long_probe = np.searchsorted(plan.long_first, plan_row, side="right") - 1
+    long_start = plan.long_start[long_probe]
+    long_start += (plan_row - plan.long_first[long_probe]) * plan.stride[long_probe]
+    first_context, planned = 0, 1
+  else:
+    long_probe, long_start = -1, -1
+    first_context = plan.short_offsets[plan_row - plan.num_long]
+    planned = plan.short_offsets[plan_row - plan.num_long + 1] - first_context
   room = seq_len
   segments = 0
   for k in range(planned + settings.fillers):
     if k < planned:
-      probe = contexts.probe[first_context + k]
-      start = contexts.start[first_context + k]
-      end = contexts.end[first_context + k]
+      if long_probe >= 0:
+        probe, start, end = long_probe, long_start, store.probe_offsets[long_probe + 1]
+      else:
+        probe = plan.short_probe[first_context + k]
+        start = plan.short_start[first_context + k]
+        end = plan.short_end[first_context + k]
       version = store.probe_version[probe]
       cap = seq_len // (_SHORTEST_V4 if version == 4 else _SHORTEST_V6)
     else:

@@ -22,8 +22,9 @@ end; without packing each short piece is a padded plan row. Either way every mea
 belongs to exactly one piece, so one epoch covers every measurement about once (a long context
 reads a few measurements more or fewer than its stride, depending on its mode).
 
-Plan rows are then ordered by a seeded permutation (`enable_data_shuffling`), or by their
-first store row. The plan depends only on (store, seed, epoch, max_target_length, packing),
+Plan rows are then ordered by a keyed bijection of the stream position (`enable_data_shuffling`;
+`plan_order.py`), or by their first store row; the plan itself holds per-probe arrays and the
+short pieces, never an array of the epoch's rows. The plan depends only on (store, seed, epoch, max_target_length, packing),
 never on workers, hosts or restarts.
 """
 
@@ -39,7 +40,7 @@ import numpy as np
 
 from maxtext_netdata.data.store import store as store_lib
 from maxtext_netdata.format import tokens as tk
-from maxtext_netdata.input_pipeline import rng
+from maxtext_netdata.input_pipeline import plan_order, rng
 
 # A timestamp's mean cost by mode, from the block lengths (docs/spec.md §2).
 _DELTA1_LENGTH = tk.TS_BLOCK_LENGTH[tk.TS_DELTA1]
@@ -96,26 +97,99 @@ def probe_stats(store, mode_weights, chunk_rows: int = 1 << 24) -> ProbeStats:
 
 @dataclasses.dataclass(frozen=True)
 class EpochPlan:
-  """The plan rows of one epoch, each a list of contexts.
+  """The plan rows of one epoch, in memory of the order of the probes, not of the rows.
 
-  Plan row `p` has contexts [context_offsets[p], context_offsets[p+1]); context c reads probe
-  `context_probe[c]` from store row `context_start[c]` up to (not including) `context_end[c]`.
-  `order[i]` is the plan row at stream position i of the epoch.
+  Plan rows [0, num_long) are *long*: plan row l is long piece k = l - long_first[p] of the
+  probe p with long_first[p] <= l < long_first[p + 1], one context from store row
+  long_start[p] + k * stride[p] to the probe's end (probe_end[p]). Plan rows
+  [num_long, num_rows) are *short*: plan row num_long + j has contexts [short_offsets[j],
+  short_offsets[j + 1]), context c reading probe short_probe[c] from store row short_start[c]
+  up to (not including) short_end[c]. The plan row at stream position i is `rows_at([i])`
+  (`plan_order`: a keyed bijection with `order_keys`, or store order by `short_position`,
+  `short_by_position`): no array of the epoch's rows is made or kept (at RIPE Atlas's month,
+  ~1 billion plan rows, the arrays of rows took ~1.2 bytes a measurement and minutes to make).
   """
 
-  context_offsets: np.ndarray  # int64 [R+1]
-  context_probe: np.ndarray  # int64 [C]
-  context_start: np.ndarray  # int64 [C]
-  context_end: np.ndarray  # int64 [C]
-  order: np.ndarray  # int64 [R]
+  long_first: np.ndarray  # int64 [P+1]
+  long_start: np.ndarray  # int64 [P]
+  stride: np.ndarray  # int64 [P]
+  probe_end: np.ndarray  # int64 [P]
+  short_offsets: np.ndarray  # int64 [S+1]
+  short_probe: np.ndarray  # int64 [C]
+  short_start: np.ndarray  # int64 [C]
+  short_end: np.ndarray  # int64 [C]
+  order_keys: np.ndarray  # uint64 [plan_order.ROUNDS] when shuffled, else [0]
+  short_position: np.ndarray  # int64 [S] unshuffled, else [0]: positions of the short rows
+  short_by_position: np.ndarray  # int64 [S] unshuffled, else [0]: the short row at each
+
+  @property
+  def num_long(self) -> int:
+    return int(self.long_first[-1])
 
   @property
   def num_rows(self) -> int:
-    return len(self.order)
+    return self.num_long + len(self.short_offsets) - 1
+
+  def kernel_order(self) -> tuple:
+    """`plan_order.row_at`'s arguments but the position."""
+    return (
+      self.order_keys,
+      self.short_position,
+      self.short_by_position,
+      self.num_long,
+      self.num_rows,
+    )
+
+  def kernel_plan(self) -> tuple:
+    """The plan as `batch_kernel.Plan` (a plain tuple)."""
+    return (
+      self.long_first,
+      self.long_start,
+      self.stride,
+      self.short_offsets,
+      self.short_probe,
+      self.short_start,
+      self.short_end,
+      *self.kernel_order(),
+    )
+
+  def rows_at(self, positions) -> np.ndarray:
+    """The plan rows at stream `positions` (each in [0, num_rows))."""
+    positions = np.ascontiguousarray(positions, dtype=np.int64)
+    out = np.empty(len(positions), dtype=np.int64)
+    plan_order.rows_at(*self.kernel_order(), positions, out)
+    return out
+
+  def contexts(self, plan_rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The contexts of `plan_rows`: (offsets [n+1], probe, start, end); row i has contexts
+    [offsets[i], offsets[i + 1])."""
+    rows = np.asarray(plan_rows, dtype=np.int64)
+    is_long = rows < self.num_long
+    short = np.where(is_long, 0, rows - self.num_long)
+    first = self.short_offsets[short]
+    counts = np.where(is_long, 1, self.short_offsets[short + 1] - first)
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    context_row = np.repeat(np.arange(len(rows)), counts)
+    index = np.repeat(first - offsets[:-1], counts) + np.arange(offsets[-1])
+    long = is_long[context_row]
+    probe, start, end = (np.empty(offsets[-1], dtype=np.int64) for _ in range(3))
+    long_rows = rows[context_row[long]]
+    p = np.searchsorted(self.long_first, long_rows, side="right") - 1
+    probe[long] = p
+    start[long] = self.long_start[p] + (long_rows - self.long_first[p]) * self.stride[p]
+    end[long] = self.probe_end[p]
+    short = index[~long]
+    probe[~long] = self.short_probe[short]
+    start[~long] = self.short_start[short]
+    end[~long] = self.short_end[short]
+    return offsets, probe, start, end
 
 
-def pieces(stats: ProbeStats, seq_len: int, key: np.uint64):
-  """All pieces of all probes: (probe, start, end, is_long), store row coordinates."""
+def grid(stats: ProbeStats, seq_len: int, key: np.ndarray):
+  """Each probe's grid of pieces, (stride, jitter, num_long), and its short pieces (heads,
+  tails, probes shorter than a stride): (probe, start, end), store row coordinates. Probe p's
+  long pieces are [offsets[p] + jitter[p] + k * stride[p], ... + stride[p]), k < num_long[p]."""
   offsets = stats.offsets
   counts = np.diff(offsets)
   probes = np.arange(stats.num_probes)
@@ -124,19 +198,13 @@ def pieces(stats: ProbeStats, seq_len: int, key: np.uint64):
   fits = counts >= stride
   jitter = np.where(fits, jitter, 0)
   num_long = np.where(fits, (counts - jitter) // stride, 0)
-  long_probe = np.repeat(probes, num_long)
-  first_long = np.cumsum(num_long) - num_long
-  k = np.arange(len(long_probe)) - np.repeat(first_long, num_long)
-  long_start = offsets[long_probe] + jitter[long_probe] + k * stride[long_probe]
-  long_end = long_start + stride[long_probe]
-
   head = fits & (jitter > 0)
   tail_start = jitter + num_long * stride
   tail = tail_start < counts  # also the whole of a probe shorter than its stride
   short_probe = np.concatenate([probes[head], probes[tail]])
   short_start = np.concatenate([offsets[:-1][head], offsets[:-1][tail] + tail_start[tail]])
   short_end = np.concatenate([offsets[:-1][head] + jitter[head], offsets[1:][tail]])
-  return long_probe, long_start, long_end, short_probe, short_start, short_end
+  return (stride, jitter, num_long), (short_probe, short_start, short_end)
 
 
 def _first_fit(sizes: list[float], budget: float, open_limit: int = 16) -> list[int]:
@@ -212,10 +280,9 @@ def _plan_key(stats: ProbeStats, params: dict) -> str:
 def _plan_epoch(
   stats: ProbeStats, *, seq_len: int, seed: int, epoch: int, packing: bool, shuffle: bool
 ) -> EpochPlan:
-  long_probe, long_start, _, short_probe, short_start, short_end = pieces(
+  (stride, jitter, num_long), (short_probe, short_start, short_end) = grid(
     stats, seq_len, rng.stream_key(seed, epoch, rng.JITTER)
   )
-  long_end = stats.offsets[long_probe + 1]  # long contexts fill up to the probe end
   num_short = len(short_probe)
   if packing and num_short:
     if shuffle:
@@ -224,27 +291,42 @@ def _plan_epoch(
       visit = np.arange(num_short)
     estimate = (short_end - short_start) * stats.mean_length[short_probe]
     bins = np.asarray(_first_fit(estimate[visit].tolist(), float(seq_len)), dtype=np.int64)
-    by_bin = np.argsort(bins, kind="stable")
-    short_order = visit[by_bin]
+    short_order = visit[np.argsort(bins, kind="stable")]
     short_counts = np.bincount(bins)
   else:
     short_order = np.arange(num_short)
     short_counts = np.ones(num_short, dtype=np.int64)
-  context_probe = np.concatenate([long_probe, short_probe[short_order]])
-  context_start = np.concatenate([long_start, short_start[short_order]])
-  context_end = np.concatenate([long_end, short_end[short_order]])
-  row_sizes = np.concatenate([np.ones(len(long_probe), dtype=np.int64), short_counts])
-  context_offsets = np.zeros(len(row_sizes) + 1, dtype=np.int64)
-  np.cumsum(row_sizes, out=context_offsets[1:])
-  num_plan_rows = len(row_sizes)
+  offsets = stats.offsets
+  long_first = np.zeros(stats.num_probes + 1, dtype=np.int64)
+  np.cumsum(num_long, out=long_first[1:])
+  long_start = offsets[:-1] + jitter
+  short_offsets = np.zeros(len(short_counts) + 1, dtype=np.int64)
+  np.cumsum(short_counts, out=short_offsets[1:])
+  short_start = short_start[short_order]
+  empty = np.zeros(0, dtype=np.int64)
   if shuffle:
-    order = rng.permutation(rng.stream_key(seed, epoch, rng.SHUFFLE), num_plan_rows)
+    keys = plan_order.order_keys(rng.stream_key(seed, epoch, rng.SHUFFLE))
+    position, by_position = empty, empty
   else:
-    order = np.argsort(context_start[context_offsets[:-1]], kind="stable")
+    # Store order: each short row's position is the short rows and the long rows that start
+    # before it (pieces never share a start row).
+    first = short_start[short_offsets[:-1]]
+    by_position = np.argsort(first, kind="stable")
+    first = first[by_position]
+    p = np.searchsorted(offsets, first, side="right") - 1
+    before = -((long_start[p] - first) // stride[p])  # long pieces of p starting before
+    position = np.arange(len(first)) + long_first[p] + np.clip(before, 0, num_long[p])
+    keys = np.zeros(0, dtype=np.uint64)
   return EpochPlan(
-    context_offsets=context_offsets,
-    context_probe=context_probe.astype(np.int64),
-    context_start=context_start.astype(np.int64),
-    context_end=context_end.astype(np.int64),
-    order=order.astype(np.int64),
+    long_first=long_first,
+    long_start=long_start.astype(np.int64),
+    stride=stride,
+    probe_end=offsets[1:].astype(np.int64),
+    short_offsets=short_offsets,
+    short_probe=short_probe[short_order].astype(np.int64),
+    short_start=short_start.astype(np.int64),
+    short_end=short_end[short_order].astype(np.int64),
+    order_keys=keys,
+    short_position=position.astype(np.int64),
+    short_by_position=by_position.astype(np.int64),
   )

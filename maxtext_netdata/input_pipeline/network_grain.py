@@ -40,7 +40,7 @@ import numpy as np
 from absl import flags
 
 from maxtext_netdata.errors import UserError
-from maxtext_netdata.input_pipeline import worker_blocks
+from maxtext_netdata.input_pipeline import plan_order, worker_blocks
 from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS, BatchBuilder
 from maxtext_netdata.input_pipeline.transforms import ShiftData
 
@@ -319,6 +319,7 @@ class HostBatchIterator:
       "network_field_order": config.network_field_order,
       "network_mode_weights": [float(w) for w in config.network_mode_weights],
       "enable_data_shuffling": config.enable_data_shuffling,
+      "stream_order": plan_order.NAME if config.enable_data_shuffling else "store",
     }
     self._iterator = None
     self._blocks = worker_blocks.new_prefix()
@@ -374,6 +375,15 @@ class HostBatchIterator:
     if differs:
       raise PositionError(
         "the checkpoint's data position belongs to other data: " + "; ".join(differs)
+      )
+    if "stream_order" not in state and self.settings["enable_data_shuffling"]:
+      print(
+        f"network_grain: the data position (step {state['step']}) was saved when epochs were"
+        " shuffled by an argsort of their rows; they are now shuffled by a keyed permutation"
+        f" ({plan_order.NAME}): from this step the rest of its epoch comes in another order"
+        " (some sequences twice, some not), later epochs as a new run's",
+        file=sys.stderr,
+        flush=True,
       )
     self.close()
     self.step = int(state["step"])

@@ -67,11 +67,17 @@ _PERMUTATIONS = batch_kernel.permutations()
 
 @dataclasses.dataclass(frozen=True)
 class BatchRows:
-  """The rows of one host batch: their epoch's plan and the plan row of each."""
+  """The rows of one host batch: their epoch's plan and the stream position of each in the
+  epoch (the kernel finds their plan rows)."""
 
   epoch: int
   plan: epoch_plan.EpochPlan
-  plan_rows: np.ndarray  # int64 [rows]
+  positions: np.ndarray  # int64 [rows], each in [0, plan.num_rows)
+
+  @functools.cached_property
+  def plan_rows(self) -> np.ndarray:
+    """The plan row of each row (int64 [rows])."""
+    return self.plan.rows_at(self.positions)
 
 
 class BatchBuilder:
@@ -308,13 +314,9 @@ class BatchBuilder:
     from its start, at most as many measurements as a sequence holds; with packing, of the
     first `fillers` fillers of each row (a row reads its fillers only when its own contexts
     leave room; with FILLERS, every row the batch may read)."""
-    plan = rows.plan
-    first = plan.context_offsets[rows.plan_rows]
-    counts = plan.context_offsets[rows.plan_rows + 1] - first
-    before = np.cumsum(counts) - counts
-    index = np.repeat(first - before, counts) + np.arange(int(counts.sum()))
-    start, end = plan.context_start[index], plan.context_end[index]
-    version = np.asarray(self.store.probe_version)[plan.context_probe[index]]
+    offsets, probe, start, end = rows.plan.contexts(rows.plan_rows)
+    counts = np.diff(offsets)
+    version = np.asarray(self.store.probe_version)[probe]
     shortest = np.where(version == 4, tk.SHORTEST_MEASUREMENT[4], tk.SHORTEST_MEASUREMENT[6])
     count = np.maximum(np.minimum(end - start, self.seq_len // shortest), 1)
     if not self.packing:
@@ -335,29 +337,31 @@ class BatchBuilder:
     epoch, step_in_epoch = divmod(step, self.steps_per_epoch)
     plan = self.plan(epoch)
     position = step_in_epoch * self.global_batch_size + np.arange(lo, hi)
-    return BatchRows(epoch=epoch, plan=plan, plan_rows=plan.order[position % plan.num_rows])
+    return BatchRows(epoch=epoch, plan=plan, positions=position % plan.num_rows)
 
   def _warm_kernel(self) -> None:
     """`fill_batch` called on a batch of no rows, with the argument types of every batch:
     compiles (or loads) the kernel's variant the batches use, on `load_in_background`'s
-    thread. Epoch 0's plan, made here, is the one the first batch needs."""
+    thread. Epoch 0's plan, made here, is the one the first batch needs. A store read at
+    random then also loads `plan_order.rows_at`, which its read-ahead calls."""
     try:
       rows = self.gather(0, 0, 0)
     except DataError:
       return  # the batches raise it
     empty = batch_kernel.empty_output((0, self.seq_len))
     batch_kernel.fill_batch(*self._kernel_args(rows, (empty,) * len(KEYS)), False)
+    if self.store.access == "random":
+      rows.plan.rows_at(rows.positions)  # the read-ahead's plan rows (`context_rows`)
 
   def _kernel_args(self, rows: BatchRows, arrays) -> tuple:
     """`fill_batch`'s arguments but `shifted`, as plain tuples (its dispatch), the store's
     built once."""
-    plan = rows.plan
-    contexts = (plan.context_offsets, plan.context_probe, plan.context_start, plan.context_end)
     settings = tuple(self._settings_of(rows.epoch))
-    return rows.plan_rows, contexts, self._store_tuple, settings, tuple(arrays)
+    plan = rows.plan.kernel_plan()
+    return rows.positions, plan, self._store_tuple, settings, tuple(arrays)
 
   def _fill(self, rows: BatchRows, shifted: bool) -> dict[str, np.ndarray]:
-    shape = (len(rows.plan_rows), self.seq_len)
+    shape = (len(rows.positions), self.seq_len)
     names = KEYS if shifted else INPUT_KEYS
     out = dict(zip(names, self._buffers.take(shape, len(names)), strict=True))
     inputs = [out[key] for key in INPUT_KEYS]

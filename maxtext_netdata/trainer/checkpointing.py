@@ -6,7 +6,7 @@ items: `items` (params, optimizer state and step, written with `StandardSave`) a
 `grain.checkpoint.CheckpointHandler`, holding `iterator.get_state()`: the data position
 `{"format": "netdata-position-1", "step", "fingerprint", "data_shuffle_seed",
 "global_batch_size", "max_target_length", "split", "packing", "network_field_order",
-"network_mode_weights", "enable_data_shuffling"}`, the same on every process). The position
+"network_mode_weights", "enable_data_shuffling", "stream_order"}`, the same on every process). The position
 is captured when the save is requested, so an asynchronous save cannot record a later one.
 Restoring both gives the batches and the loss an uninterrupted run would have had, under any
 worker, thread or process count.

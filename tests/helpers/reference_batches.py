@@ -186,17 +186,13 @@ def gather(builder, step: int, lo: int, hi: int) -> Gathered:
   epoch, step_in_epoch = divmod(step, builder.steps_per_epoch)
   plan = builder.plan(epoch)
   position = step_in_epoch * builder.global_batch_size + np.arange(lo, hi)
-  units = plan.order[position % plan.num_rows]
+  units = plan.rows_at(position % plan.num_rows)
   num_rows = hi - lo
-  first = plan.context_offsets[units]
-  per_row = plan.context_offsets[units + 1] - first
+  context_offsets, ctx_probe, ctx_start, ctx_end = plan.contexts(units)
+  per_row = np.diff(context_offsets)
   ctx_row = np.repeat(np.arange(num_rows), per_row)
   ctx_index = np.arange(len(ctx_row)) - np.repeat(segment_starts(per_row), per_row)
-  plan_ctx = np.repeat(first, per_row) + ctx_index
   ctx_unit = units[ctx_row]
-  ctx_probe = plan.context_probe[plan_ctx]
-  ctx_start = plan.context_start[plan_ctx]
-  ctx_end = plan.context_end[plan_ctx]
   version = np.asarray(builder.store.probe_version)
   cap = builder.seq_len // np.where(
     version[ctx_probe] == 4, tk.SHORTEST_MEASUREMENT[4], tk.SHORTEST_MEASUREMENT[6]

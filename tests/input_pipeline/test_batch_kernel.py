@@ -80,20 +80,27 @@ def test_the_kernel_refuses_a_context_counter_past_its_bits(tmp_path):
   contexts = rng.COUNTER_LIMIT + 1
   ipv4 = int(np.flatnonzero(np.asarray(store.probe_version) == 4)[0])
   start = int(store.probe_offsets[ipv4])
-  plan = epoch_plan.EpochPlan(
-    context_offsets=np.array([0, contexts]),
-    context_probe=np.full(contexts, ipv4),
-    context_start=np.full(contexts, start),
-    context_end=np.full(contexts, start + 1),
-    order=np.array([0]),
+  num_probes = store.num_probes
+  plan = epoch_plan.EpochPlan(  # one short plan row of `contexts` one-row contexts
+    long_first=np.zeros(num_probes + 1, dtype=np.int64),
+    long_start=np.zeros(num_probes, dtype=np.int64),
+    stride=np.ones(num_probes, dtype=np.int64),
+    probe_end=np.asarray(store.probe_offsets[1:], dtype=np.int64),
+    short_offsets=np.array([0, contexts]),
+    short_probe=np.full(contexts, ipv4),
+    short_start=np.full(contexts, start),
+    short_end=np.full(contexts, start + 1),
+    order_keys=np.zeros(0, dtype=np.uint64),
+    short_position=np.array([0]),
+    short_by_position=np.array([0]),
   )
-  rows = BatchRows(epoch=0, plan=plan, plan_rows=np.array([0]))
+  rows = BatchRows(epoch=0, plan=plan, positions=np.array([0]))
   b.seq_len = 24 * contexts  # room for every context: past the builder's own check
   with pytest.raises(ValueError, match="counter past its limit"):
     b.build(rows)
   # One context fewer: every counter fits, the row is built.
-  fits = dataclasses.replace(plan, context_offsets=np.array([0, contexts - 1]))
-  batch = b.build(BatchRows(epoch=0, plan=fits, plan_rows=np.array([0])))
+  fits = dataclasses.replace(plan, short_offsets=np.array([0, contexts - 1]))
+  batch = b.build(BatchRows(epoch=0, plan=fits, positions=np.array([0])))
   assert batch["inputs_segmentation"].max() == contexts - 1
 
 

@@ -15,7 +15,7 @@ from absl import flags
 
 from maxtext_netdata import config as config_lib
 from maxtext_netdata.format import tokens as tk
-from maxtext_netdata.input_pipeline import network_grain, worker_blocks
+from maxtext_netdata.input_pipeline import network_grain, plan_order, worker_blocks
 from maxtext_netdata.input_pipeline.batches_cli import digest
 from maxtext_netdata.input_pipeline.sequences import BatchBuilder
 from tests.helpers import pipeline
@@ -200,6 +200,30 @@ def test_position_under_other_batch_settings_is_refused(store, override, message
     key: value for key, value in state.items() if key not in positioned(config, builder).settings
   }
   positioned(other_config, other_builder).set_state(older)
+
+
+def test_a_position_saved_under_the_former_shuffled_order_resumes_with_a_notice(store, capfd):
+  """A position without `stream_order` was saved when a shuffled epoch's order was an argsort
+  of its rows: it resumes at its step and says that the rest of the epoch comes in another
+  order; unshuffled, the order is the same (store order) and nothing is said. A position of
+  another stream order is refused."""
+  config, builder = make(store, "grain_worker_count=0")
+  state = positioned(config, builder).get_state()
+  assert state["stream_order"] == plan_order.NAME
+  older = {**state, "step": 3}
+  del older["stream_order"]
+  iterator = positioned(config, builder)
+  iterator.set_state(older)
+  assert iterator.step == 3
+  assert "now shuffled by a keyed permutation (feistel-6)" in capfd.readouterr().err
+  store_config, store_builder = make(store, "grain_worker_count=0", "enable_data_shuffling=false")
+  unshuffled = positioned(store_config, store_builder).get_state()
+  assert unshuffled["stream_order"] == "store"
+  del unshuffled["stream_order"]
+  positioned(store_config, store_builder).set_state(unshuffled)
+  assert capfd.readouterr().err == ""
+  with pytest.raises(network_grain.PositionError, match="stream_order 'feistel-4' saved"):
+    positioned(config, builder).set_state({**state, "stream_order": "feistel-4"})
 
 
 @pytest.mark.slow
