@@ -64,6 +64,8 @@ def row_at(keys, short_position, short_by_position, num_long, num_rows, position
   """The plan row at `position` (0 <= position < num_rows) of an epoch's stream: by the
   Feistel network of round keys `keys`, or where `keys` is empty, in store order (the
   short plan rows at `short_position`, the long ones in between)."""
+  if position < 0 or position >= num_rows:  # past the words: the walk would never end
+    raise ValueError("plan order: a stream position outside the epoch's plan rows")
   if keys.shape[0]:
     half = _half_bits(num_rows)
     value = _feistel(keys, np.uint64(position), half)

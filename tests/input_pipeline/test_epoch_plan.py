@@ -213,6 +213,9 @@ def test_the_shuffled_order_is_a_keyed_permutation(num_rows):
   assert sorted(out.tolist()) == list(range(num_rows))
   expected = [_feistel_reference(keys.tolist(), i, num_rows) for i in range(min(num_rows, 300))]
   assert out[:300].tolist() == expected
+  for outside in (-1, num_rows, 1 << 40):
+    with pytest.raises(ValueError, match="outside the epoch's plan rows"):
+      plan_order.rows_at(keys, none, none, num_rows, num_rows, np.array([outside]), out)
   if num_rows >= 1000:
     other = np.empty(num_rows, dtype=np.int64)
     keys = plan_order.order_keys(rng.stream_key(3, 2, rng.SHUFFLE))
