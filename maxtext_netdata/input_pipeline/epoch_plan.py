@@ -47,6 +47,7 @@ _DELTA1_LENGTH = tk.TS_BLOCK_LENGTH[tk.TS_DELTA1]
 _DELTA4_LENGTH = tk.TS_BLOCK_LENGTH[tk.TS_DELTA4]
 _FAILED_SAVING = tk.RESULT_BLOCK_LENGTH[False] - tk.RESULT_BLOCK_LENGTH[True]
 PLANS_DIR = "plans"  # a split's folder of cached epoch plans
+_FORMER_LAYOUT = "context_offsets.npy"  # in a plan folder written before plans were per probe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +239,8 @@ def plan_epoch(
   For a prepared store (`stats.plans_dir`) the plan is computed by one process and kept beside
   the store (`store.cached_arrays`), and every process and Grain worker maps it: one copy in
   page cache, not one per worker, and one computation at each epoch boundary. Plans of this
-  key more than one epoch behind are deleted as a new one is written.
+  key more than one epoch behind, and plans of the former layout, are deleted as a new one is
+  written.
   """
   params = dict(seq_len=seq_len, seed=seed, epoch=epoch, packing=packing, shuffle=shuffle)
   if stats.plans_dir is None:
@@ -247,7 +249,11 @@ def plan_epoch(
 
   def stale(name: str) -> bool:
     prefix, _, number = name.rpartition("-e")
-    return prefix == key and number.isdigit() and int(number) < epoch - 1
+    if prefix == key and number.isdigit() and int(number) < epoch - 1:
+      return True
+    # A plan of the former layout (arrays of every plan row, ~1.2 bytes a store row), which
+    # no code reads any more.
+    return os.path.exists(os.path.join(stats.plans_dir, name, _FORMER_LAYOUT))
 
   arrays = store_lib.cached_arrays(
     stats.plans_dir,

@@ -407,7 +407,11 @@ def test_epoch_plans_are_kept_beside_the_store_and_mapped(sample_dir, tmp_path):
   for field in dataclasses.fields(fresh):
     np.testing.assert_array_equal(getattr(mapped, field.name), getattr(fresh, field.name))
     np.testing.assert_array_equal(getattr(plan, field.name), getattr(fresh, field.name))
-  # Plans more than one epoch behind go as later ones are written; other seeds stay.
+  # Plans more than one epoch behind go as later ones are written; other seeds stay, and a
+  # plan of the former layout (arrays of every plan row) goes.
+  former = os.path.join(plans_dir, "0123456789abcdef-e0")
+  os.makedirs(former)
+  np.save(os.path.join(former, "context_offsets.npy"), np.zeros(3, dtype=np.int64))
   for epoch in (1, 2, 3):
     builder.plan(epoch)
   other = BatchBuilder.from_config(cfg, train, 8, seed=99)
