@@ -22,10 +22,10 @@ end; without packing each short piece is a padded plan row. Either way every mea
 belongs to exactly one piece, so one epoch covers every measurement about once (a long context
 reads a few measurements more or fewer than its stride, depending on its mode).
 
-Plan rows are then ordered by a keyed bijection of the stream position (`enable_data_shuffling`;
-`plan_order.py`), or by their first store row; the plan itself holds per-probe arrays and the
-short pieces, never an array of the epoch's rows. The plan depends only on (store, seed, epoch, max_target_length, packing),
-never on workers, hosts or restarts.
+Plan rows are then ordered by a keyed bijection of the stream position
+(`enable_data_shuffling`; `plan_order.py`), or by their first store row; the plan itself holds
+per-probe arrays and the short pieces, never an array of the epoch's rows. The plan depends
+only on (store, seed, epoch, max_target_length, packing), never on workers, hosts or restarts.
 """
 
 from __future__ import annotations
@@ -180,14 +180,14 @@ class EpochPlan:
     probe[long] = p
     start[long] = self.long_start[p] + (long_rows - self.long_first[p]) * self.stride[p]
     end[long] = self.probe_end[p]
-    short = index[~long]
-    probe[~long] = self.short_probe[short]
-    start[~long] = self.short_start[short]
-    end[~long] = self.short_end[short]
+    at = index[~long]  # the short contexts' places in the short arrays
+    probe[~long] = self.short_probe[at]
+    start[~long] = self.short_start[at]
+    end[~long] = self.short_end[at]
     return offsets, probe, start, end
 
 
-def grid(stats: ProbeStats, seq_len: int, key: np.ndarray):
+def _grid(stats: ProbeStats, seq_len: int, key: np.ndarray):
   """Each probe's grid of pieces, (stride, jitter, num_long), and its short pieces (heads,
   tails, probes shorter than a stride): (probe, start, end), store row coordinates. Probe p's
   long pieces are [offsets[p] + jitter[p] + k * stride[p], ... + stride[p]), k < num_long[p]."""
@@ -286,7 +286,7 @@ def _plan_key(stats: ProbeStats, params: dict) -> str:
 def _plan_epoch(
   stats: ProbeStats, *, seq_len: int, seed: int, epoch: int, packing: bool, shuffle: bool
 ) -> EpochPlan:
-  (stride, jitter, num_long), (short_probe, short_start, short_end) = grid(
+  (stride, jitter, num_long), (short_probe, short_start, short_end) = _grid(
     stats, seq_len, rng.stream_key(seed, epoch, rng.JITTER)
   )
   num_short = len(short_probe)
