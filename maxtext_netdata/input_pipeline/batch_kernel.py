@@ -114,7 +114,7 @@ class StoreColumns(NamedTuple):
 
 
 class Plan(NamedTuple):
-  """An epoch plan (`epoch_plan.EpochPlan`, its `kernel_plan()`): the long plan rows by probe,
+  """An epoch plan (`epoch_plan.EpochPlan`, its `kernel_plan`): the long plan rows by probe,
   the short ones' contexts, and the order of the plan rows in the stream (`plan_order`)."""
 
   long_first: np.ndarray  # int64 [P + 1]: probe p's long plan rows [long_first[p], ...[p + 1])

@@ -123,14 +123,15 @@ class EpochPlan:
   short_position: np.ndarray  # int64 [S] unshuffled, else [0]: positions of the short rows
   short_by_position: np.ndarray  # int64 [S] unshuffled, else [0]: the short row at each
 
-  @property
+  @functools.cached_property
   def num_long(self) -> int:
     return int(self.long_first[-1])
 
-  @property
+  @functools.cached_property
   def num_rows(self) -> int:
     return self.num_long + len(self.short_offsets) - 1
 
+  @functools.cached_property
   def kernel_order(self) -> tuple:
     """`plan_order.row_at`'s arguments but the position."""
     return (
@@ -141,8 +142,9 @@ class EpochPlan:
       self.num_rows,
     )
 
+  @functools.cached_property
   def kernel_plan(self) -> tuple:
-    """The plan as `batch_kernel.Plan` (a plain tuple)."""
+    """The plan as `batch_kernel.Plan` (a plain tuple), made once: every batch passes it."""
     return (
       self.long_first,
       self.long_start,
@@ -151,14 +153,14 @@ class EpochPlan:
       self.short_probe,
       self.short_start,
       self.short_end,
-      *self.kernel_order(),
+      *self.kernel_order,
     )
 
   def rows_at(self, positions) -> np.ndarray:
     """The plan rows at stream `positions` (each in [0, num_rows))."""
     positions = np.ascontiguousarray(positions, dtype=np.int64)
     out = np.empty(len(positions), dtype=np.int64)
-    plan_order.rows_at(*self.kernel_order(), positions, out)
+    plan_order.rows_at(*self.kernel_order, positions, out)
     return out
 
   def contexts(self, plan_rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

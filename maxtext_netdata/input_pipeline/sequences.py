@@ -357,8 +357,7 @@ class BatchBuilder:
     """`fill_batch`'s arguments but `shifted`, as plain tuples (its dispatch), the store's
     built once."""
     settings = tuple(self._settings_of(rows.epoch))
-    plan = rows.plan.kernel_plan()
-    return rows.positions, plan, self._store_tuple, settings, tuple(arrays)
+    return rows.positions, rows.plan.kernel_plan, self._store_tuple, settings, tuple(arrays)
 
   def _fill(self, rows: BatchRows, shifted: bool) -> dict[str, np.ndarray]:
     shape = (len(rows.positions), self.seq_len)
