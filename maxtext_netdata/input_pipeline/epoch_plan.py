@@ -47,7 +47,7 @@ _DELTA1_LENGTH = tk.TS_BLOCK_LENGTH[tk.TS_DELTA1]
 _DELTA4_LENGTH = tk.TS_BLOCK_LENGTH[tk.TS_DELTA4]
 _FAILED_SAVING = tk.RESULT_BLOCK_LENGTH[False] - tk.RESULT_BLOCK_LENGTH[True]
 PLANS_DIR = "plans"  # a split's folder of cached epoch plans
-_FORMER_LAYOUT = "context_offsets.npy"  # in a plan folder written before plans were per probe
+_CODE_CHARS = 8  # a plan folder's name starts with this many hex digits of the code digest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +122,13 @@ class EpochPlan:
   order_keys: np.ndarray  # uint64 [plan_order.ROUNDS] when shuffled, else [0]
   short_position: np.ndarray  # int64 [S] unshuffled, else [0]: positions of the short rows
   short_by_position: np.ndarray  # int64 [S] unshuffled, else [0]: the short row at each
+
+  def __post_init__(self):
+    # Read-only however the plan was made (mapped from its cache, or computed where the cache
+    # could not be written): numba compiles the batch kernel per argument type, and a
+    # writable array is another type than a read-only one, another first compile (~10 s).
+    for field in dataclasses.fields(self):
+      getattr(self, field.name).setflags(write=False)
 
   @functools.cached_property
   def num_long(self) -> int:
@@ -241,8 +248,9 @@ def plan_epoch(
   For a prepared store (`stats.plans_dir`) the plan is computed by one process and kept beside
   the store (`store.cached_arrays`), and every process and Grain worker maps it: one copy in
   page cache, not one per worker, and one computation at each epoch boundary. Plans of this
-  key more than one epoch behind, and plans of the former layout, are deleted as a new one is
-  written.
+  key more than one epoch behind, and plans made by other code (a folder's name starts with
+  the planner's code digest), are deleted as a new one is written; other keys of this code
+  (another seed or length: a run beside this one) are kept.
   """
   params = dict(seq_len=seq_len, seed=seed, epoch=epoch, packing=packing, shuffle=shuffle)
   if stats.plans_dir is None:
@@ -253,9 +261,10 @@ def plan_epoch(
     prefix, _, number = name.rpartition("-e")
     if prefix == key and number.isdigit() and int(number) < epoch - 1:
       return True
-    # A plan of the former layout (arrays of every plan row, ~1.2 bytes a store row), which
-    # no code reads any more.
-    return os.path.exists(os.path.join(stats.plans_dir, name, _FORMER_LAYOUT))
+    # Made by other code (or named as plans were before the digest led the name, as those of
+    # the former layout, arrays of every plan row): no longer read. A process that maps it
+    # keeps its pages.
+    return not name.startswith(f"{_code_digest().hex()[:_CODE_CHARS]}-")
 
   arrays = store_lib.cached_arrays(
     stats.plans_dir,
@@ -282,7 +291,7 @@ def _plan_key(stats: ProbeStats, params: dict) -> str:
   digest.update(np.ascontiguousarray(stats.offsets).tobytes())
   digest.update(np.ascontiguousarray(stats.mean_length).tobytes())
   digest.update(json.dumps({k: v for k, v in params.items() if k != "epoch"}).encode())
-  return digest.hexdigest()[:16]
+  return f"{_code_digest().hex()[:_CODE_CHARS]}-{digest.hexdigest()[:16]}"
 
 
 def _plan_epoch(

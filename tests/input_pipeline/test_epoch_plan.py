@@ -251,3 +251,25 @@ def test_a_plan_takes_memory_of_its_probes_not_of_its_rows():
   last = plan.rows_at(np.arange(plan.num_rows - 1000, plan.num_rows))
   offsets_, probe, start, end = plan.contexts(last)
   assert ((offsets[probe] <= start) & (start < end) & (end <= offsets[probe + 1])).all()
+
+
+def test_a_plan_has_one_kernel_type_cached_or_computed(store, stats, tmp_path):
+  """The batch kernel is compiled per argument type (a first compile takes ~10 s), and numba
+  tells read-only arrays from writable ones: a plan mapped from its cache and a plan computed
+  where the cache cannot be written (a read-only store) must pass the same types."""
+  numba = pytest.importorskip("numba")
+  kwargs = dict(seq_len=256, seed=7, epoch=0, packing=True, shuffle=True)
+  cached = epoch_plan.plan_epoch(
+    dataclasses.replace(stats, plans_dir=str(tmp_path / "plans")), **kwargs
+  )
+  blocked = tmp_path / "not_a_folder"
+  blocked.write_text("")  # cached_arrays cannot make a folder here: computed, not kept
+  computed = epoch_plan.plan_epoch(
+    dataclasses.replace(stats, plans_dir=str(blocked / "plans")), **kwargs
+  )
+  in_memory = epoch_plan.plan_epoch(dataclasses.replace(stats, plans_dir=None), **kwargs)
+  assert os.listdir(tmp_path / "plans")
+  types = [numba.typeof(plan.kernel_plan) for plan in (cached, computed, in_memory)]
+  assert types[0] == types[1] == types[2], types
+  for a, b in zip(cached.kernel_plan, computed.kernel_plan, strict=True):
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()

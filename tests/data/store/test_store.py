@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -407,17 +408,24 @@ def test_epoch_plans_are_kept_beside_the_store_and_mapped(sample_dir, tmp_path):
   for field in dataclasses.fields(fresh):
     np.testing.assert_array_equal(getattr(mapped, field.name), getattr(fresh, field.name))
     np.testing.assert_array_equal(getattr(plan, field.name), getattr(fresh, field.name))
-  # Plans more than one epoch behind go as later ones are written; other seeds stay, and a
-  # plan of the former layout (arrays of every plan row) goes.
+  # Plans more than one epoch behind go as later ones are written; other seeds stay, and plans
+  # of other code go: one of the former layout (arrays of every plan row, named before the
+  # code digest led the name) and one of this layout made by another version of the planner.
   former = os.path.join(plans_dir, "0123456789abcdef-e0")
   os.makedirs(former)
   np.save(os.path.join(former, "context_offsets.npy"), np.zeros(3, dtype=np.int64))
+  mine = next(n for n in os.listdir(plans_dir) if n.endswith("-e0"))
+  other_code = os.path.join(plans_dir, f"{'0' * 8}{mine[8:-1]}1")
+  shutil.copytree(os.path.join(plans_dir, mine), other_code)
+  open(os.path.join(plans_dir, f".lock-{os.path.basename(other_code)}"), "w").close()
   for epoch in (1, 2, 3):
     builder.plan(epoch)
   other = BatchBuilder.from_config(cfg, train, 8, seed=99)
   other.plan(0)
   names = sorted(n for n in os.listdir(plans_dir) if not n.startswith("."))
   assert len(names) == 3  # epochs 2 and 3 of seed 3, epoch 0 of seed 99
+  locks = sorted(n.removeprefix(".lock-") for n in os.listdir(plans_dir) if n.startswith(".lock-"))
+  assert locks == names
 
 
 @pytest.mark.parametrize("hashed", [False, True])
