@@ -78,6 +78,12 @@ COMMANDS = {
     "maxtext_netdata.trainer.arguments:add_arguments",
     reads_config=True,
   ),
+  "predict": Command(
+    "maxtext_netdata.trainer.predict",
+    "a trained model's failure probability and RTT for a probe's next pings",
+    "maxtext_netdata.trainer.arguments:predict",
+    reads_config=True,
+  ),
   "bench": Command(
     "maxtext_netdata.bench.benchmark",
     "data-loading benchmark with a verdict",

@@ -91,7 +91,8 @@ import json, sys
 from maxtext_netdata import cli
 loaded = {{}}
 for name in {readers!r}:
-  options = ["--steps", "1"] if name == "batches" else []
+  options = {{"batches": ["--steps", "1"], "predict": ["--src", "192.0.2.1", "--dst", "192.0.2.2"]}}
+  options = options.get(name, [])
   assert cli.main([name, "configs/smoke.yml", *options, "stepz=3"]) == 2, name
   loaded[name] = sorted(m for m in {HEAVY!r} if m in sys.modules)
 print(json.dumps(loaded))
