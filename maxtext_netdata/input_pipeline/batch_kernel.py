@@ -106,10 +106,10 @@ class StoreColumns(NamedTuple):
   probe_offsets: np.ndarray  # int64 [P + 1]: probe p's rows are [offsets[p], offsets[p + 1])
   probe_version: np.ndarray  # uint8 [P]: 4 or 6
   probe_src: np.ndarray  # uint8 [P, 16]
-  dst: np.ndarray  # uint8 [N, 16]
+  dst_table: np.ndarray  # uint8 [D, 16]
+  dst_index: np.ndarray  # uint32 [N]: row r's destination is dst_table[dst_index[r]]
   seconds: np.ndarray  # int64 [N]
-  rtt_bytes: np.ndarray  # uint8 [N, 2]
-  failed: np.ndarray  # bool [N]
+  rtt_bytes: np.ndarray  # uint8 [N, 2]; 0, 0: a failed ping
   hashed_order: np.ndarray  # uint8 [N, 2]; read only for the hashed field order (else any)
 
 
@@ -351,7 +351,7 @@ def _take(plan_row, k, start, count, mode, drop, address, room, store, key_measu
         value = min(delta, tk.DELTA4_MAX)
       clock = now
       have_clock = True
-    result = _RESULT_FAILED if store.failed[row] else _RESULT_OK
+    result = _RESULT_FAILED if _failed(store, row) else _RESULT_OK
     length = 1 + 2 * address + result + _TS_LENGTH[kind]
     if used + length > room:
       break
@@ -365,6 +365,12 @@ def _take(plan_row, k, start, count, mode, drop, address, room, store, key_measu
     if not has_ts:
       dropped += 1
   return count_taken, used, dropped
+
+
+@numba.njit(inline="always")
+def _failed(store, row):
+  """Whether store row `row` is a failed ping: its RTT payload is 0, 0 (`store.failed_of`)."""
+  return store.rtt_bytes[row, 0] == 0 and store.rtt_bytes[row, 1] == 0
 
 
 @numba.njit(inline="always")
@@ -399,11 +405,12 @@ def _write_block(row_inputs, at, block, version, address, probe, row, j, store, 
     return at + address
   if block == tk.BLOCK_DST:
     row_inputs[at] = tk.DST_IPV4 if version == 4 else tk.DST_IPV6
+    destination = store.dst_index[row]
     for b in range(address - 1):
-      row_inputs[at + 1 + b] = store.dst[row, b] + _B
+      row_inputs[at + 1 + b] = store.dst_table[destination, b] + _B
     return at + address
   if block == tk.BLOCK_RESULT:
-    if store.failed[row]:
+    if _failed(store, row):
       row_inputs[at] = tk.FAILED
       return at + 1
     row_inputs[at] = tk.RTT_START

@@ -229,10 +229,10 @@ class BatchBuilder:
       probe_offsets=np.asarray(self.stats.offsets),
       probe_version=np.asarray(store.probe_version),
       probe_src=np.asarray(store.probe_src),
-      dst=np.asarray(store.dst),
+      dst_table=np.asarray(store.dst_table),
+      dst_index=np.asarray(store.dst_index),
       seconds=np.asarray(store.seconds),
       rtt_bytes=rtt_bytes,
-      failed=np.asarray(store.failed),
       hashed_order=hashed,
     )
 
@@ -297,7 +297,7 @@ class BatchBuilder:
     of batches this process builds already: from a store larger than memory each batch's
     rows then arrive together while the batches before it are built, instead of one page
     fault at a time as the batch kernel reads them. Returns the page runs asked for."""
-    names = ("dst", "seconds", "failed", "rtt_bytes")
+    names = ("dst_index", "seconds", "rtt_bytes")
     names += ("hashed_order",) if self.field_order == "hashed" else ()
     arrays = [getattr(self.store, name) for name in names]
     recent = self._recent.get((lo, hi)) or (-1,)

@@ -68,12 +68,12 @@ def make_eval_step(apply_fn: Callable[..., jax.Array], vocab_size: int) -> Calla
 def rtt_unigram_log_probs(train_split: Any, vocab_size: int) -> np.ndarray:
   """Log-probabilities [2, vocab_size] of the first / second RTT byte token in a split.
 
-  `train_split` is a prepared store split (`rtt_bytes` uint8 [N, 2], `failed` bool [N]).
+  `train_split` is a prepared store split (`rtt_bytes` uint8 [N, 2]; 0, 0 when failed).
   Add-one smoothing over the 256 byte tokens keeps unseen bytes finite; other tokens get
   probability 0 (log -inf), which no RTT target has.
   """
-  ok = ~np.asarray(train_split.failed)
-  rtt_bytes = np.asarray(train_split.rtt_bytes)[ok]
+  rtt_bytes = np.asarray(train_split.rtt_bytes)
+  rtt_bytes = rtt_bytes[rtt_bytes.any(axis=1)]  # a failed ping's payload is 0, 0
   log_probs = np.full((2, vocab_size), -np.inf)
   for slot in range(2):
     counts = np.bincount(rtt_bytes[:, slot], minlength=256) + 1.0

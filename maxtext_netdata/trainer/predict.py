@@ -27,6 +27,7 @@ import os
 import numpy as np
 
 from maxtext_netdata import config as config_lib
+from maxtext_netdata.data.store import dst_table, store
 from maxtext_netdata.errors import UserError
 from maxtext_netdata.format import tokenizer
 from maxtext_netdata.format import tokens as tk
@@ -98,12 +99,13 @@ def _encode(split, probe: int, rows: slice) -> tuple[np.ndarray, np.ndarray]:
   starts = np.zeros(n, bool)
   starts[:1] = True
   ts_kind, ts_value = tokenizer.timestamp_kinds(seconds, np.ones(n, bool), starts)
+  rtt_bytes = np.asarray(split.rtt_bytes[rows])
   return tokenizer.encode(
     src=np.repeat(np.asarray(split.probe_src[probe])[None], n, axis=0),
-    dst=np.asarray(split.dst[rows]),
+    dst=dst_table.decode(split.dst_table, split.dst_index[rows]),
     version=np.full(n, split.probe_version[probe], np.uint8),
-    rtt_bytes=np.asarray(split.rtt_bytes[rows]),
-    failed=np.asarray(split.failed[rows]),
+    rtt_bytes=rtt_bytes,
+    failed=store.failed_of(rtt_bytes),
     ts_kind=ts_kind,
     ts_value=ts_value,
     order=np.zeros(n, np.uint8),

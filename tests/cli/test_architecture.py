@@ -29,7 +29,7 @@ ALLOWED = {
   "data/ripe/scanner": {"kernels"},
   "data/ripe": {"data/ripe/scanner", "data/raw", "data", "kernels", *_BASE},
   "data/synthetic": {"data/raw", *_BASE},
-  "data/store": {"data", "errors"},
+  "data/store": {"data", "kernels", "errors"},
   "data/prepare": {"data/raw", "data/store", "data", "format", "kernels", *_BASE},
   "input_pipeline": {"format", "kernels", "distributed", *_DATA, *_BASE},
   "trainer": _BELOW_CONSUMERS,

@@ -143,7 +143,7 @@ def s3_config(prepared_dir, files, endpoint, *overrides):
 
 def assert_same_store(a: store.PreparedStore, b: store.PreparedStore):
   assert a.num_rows == b.num_rows and a.num_probes == b.num_probes
-  for name in (*store.PROBE_ARRAYS, "dst", "seconds", "rtt_bytes", "failed", "rtt_ms"):
+  for name in (*store.PROBE_ARRAYS, *store.ROW_FILES, *store.TABLE_ARRAYS):
     np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
 
 

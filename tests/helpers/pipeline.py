@@ -47,8 +47,6 @@ def write_store(
     dst=dst,
     seconds=seconds,
     rtt_bytes=rtt_bytes,
-    failed=failed,
-    rtt_ms=rtt,
     hashed_order=rng.integers(0, 24, (n, 2), dtype=np.uint8) if hashed else None,
   )
   rows.write(path, {})

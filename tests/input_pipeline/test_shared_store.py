@@ -160,7 +160,7 @@ def test_two_hosts_share_one_store_through_s3(raw_dir, s3_env, tmp_path):
   )
   s3 = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL_S3"])
   assert s3.get_object(Bucket="stores", Key=f"prepared/{fp}/meta.json")["Body"].read() == meta[0]
-  for name in ("train/seconds.npy", "test/dst.npy"):
+  for name in ("train/seconds.npy", "test/dst_index.npy", "test/dst_table.npy"):
     local = (tmp_path / "alone" / fp / name).read_bytes()
     assert s3.get_object(Bucket="stores", Key=f"prepared/{fp}/{name}")["Body"].read() == local
 

@@ -34,14 +34,13 @@ def test_rtt_byte_masks_select_the_two_targets_after_rtt_start():
 
 def test_unigram_log_probs_count_successful_rtts_of_the_train_split():
   split = types.SimpleNamespace(
-    rtt_bytes=np.array([[5, 1], [5, 2], [7, 1], [9, 9]], np.uint8),
-    failed=np.array([False, False, False, True]),
+    rtt_bytes=np.array([[5, 1], [5, 2], [7, 1], [0, 0]], np.uint8),  # the last one failed
   )
   log_probs = evaluation.rtt_unigram_log_probs(split, tokens.VOCAB_SIZE)
   probs = np.exp(log_probs)
   np.testing.assert_allclose(probs.sum(axis=1), 1.0)
   assert probs[0, B + 5] == pytest.approx(3 / 259)  # two rows + one smoothing count
-  assert probs[0, B + 9] == pytest.approx(1 / 259)  # the failed row is not counted
+  assert probs[0, B + 0] == pytest.approx(1 / 259)  # the failed row is not counted
   assert probs[1, B + 1] == pytest.approx(3 / 259)
   assert np.all(probs[:, : tokens.BYTE_OFFSET] == 0)
 

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from maxtext_netdata.data.store import store
+from maxtext_netdata.data.store import dst_table, store
 
 
 def assemble(pieces: list[str], out: str, split: str, fraction: float, meta: dict) -> dict:
@@ -78,6 +78,10 @@ class _Piece:
   def probe_array(self, name: str) -> np.ndarray:
     return _load(self.path, name)
 
+  @functools.cached_property
+  def dst_table(self) -> np.ndarray:
+    return _load(self.path, dst_table.TABLE)
+
   def column(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
     array = _load(self.path, name)
     return array if rows is None else store.take_rows(array, rows)
@@ -132,6 +136,10 @@ class Assembler:
     for column in self.row_names:
       for name, rows in chosen.items():
         count = piece.num_rows if rows is None else len(rows)
+        if column == "dst" and isinstance(piece, _Piece):  # its indices, mapped to the split's
+          index = piece.column(dst_table.INDEX, rows)
+          self.writers[name].add_dst([(index, piece.dst_table, piece.path)])
+          continue
         self.writers[name].add_rows(
           column, count, functools.partial(piece.column_into, column, rows)
         )
@@ -177,9 +185,10 @@ class SplitWriter:
     self.path = path
     self.rows = rows
     self.files, self.starts, self.written = {}, {}, dict.fromkeys(names, 0)
+    self.dst = dst_table.DstEncoder()  # the split's table of destinations (column "dst")
     for name in names:
-      dtype, tail = store.ROW_ARRAYS[name]
-      f = open(os.path.join(path, f"{name}.npy"), "wb")  # noqa: SIM115 (closed in close)
+      dtype, tail = _file_kind(name)
+      f = open(os.path.join(path, f"{_file_name(name)}.npy"), "wb")  # noqa: SIM115 (closed in close)
       header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False}
       np.lib.format.write_array_header_1_0(f, {**header, "shape": (rows, *tail)})
       self.starts[name] = f.tell()
@@ -199,27 +208,55 @@ class SplitWriter:
     self.version.append(version[present])
 
   def add_rows(self, name: str, rows: int, fill) -> None:
-    """The next `rows` rows of column `name`, written by `fill(out)` into `out`."""
+    """The next `rows` rows of column `name`, written by `fill(out)` into `out` (for "dst",
+    16-byte addresses, kept as indices into the split's table)."""
     if not rows:
       return
-    dtype, tail = store.ROW_ARRAYS[name]
+    if name == "dst":
+      dst = np.empty((rows, 16), np.uint8)
+      fill(dst)
+      self.add_dst([(dst, None, None)])
+      return
+    out = self._next_rows(name, rows)
+    fill(out)
+    if name == "rtt_bytes":
+      failed = store.failed_of(out)
+      self.failed += int(np.count_nonzero(failed))
+      self.counter.add_failed(failed, self.piece_sizes)
+    elif name == "seconds":
+      self.counter.add_seconds(out, self.piece_sizes)
+    self.written[name] += rows
+    del out  # unmapped: the pages are page cache now, written back by the kernel
+
+  def add_dst(self, parts) -> None:
+    """The next rows' destinations, from `parts` in order: (16-byte addresses, None, None),
+    or (indices, the table they index, a name for that table: `DstEncoder.encode_from`)."""
+    rows = sum(len(array) for array, _, _ in parts)
+    if not rows:
+      return
+    out, at = self._next_rows("dst", rows), 0
+    for array, table, source in parts:
+      n = len(array)
+      if n:
+        out[at : at + n] = (
+          self.dst.encode(array) if table is None else self.dst.encode_from(array, table, source)
+        )
+        at += n
+    self.written["dst"] += rows
+    del out
+
+  def _next_rows(self, name: str, rows: int) -> np.ndarray:
+    """A writable map of column `name`'s next `rows` rows in its file."""
+    dtype, tail = _file_kind(name)
     row_bytes = np.dtype(dtype).itemsize * int(np.prod(tail, dtype=np.int64))
     self.files[name].flush()
-    out = np.memmap(
+    return np.memmap(
       self.files[name].name,
       dtype=dtype,
       mode="r+",
       offset=self.starts[name] + self.written[name] * row_bytes,
       shape=(rows, *tail),
     )
-    fill(out)
-    if name == "failed":
-      self.failed += int(np.count_nonzero(out))
-      self.counter.add_failed(out, self.piece_sizes)
-    elif name == "seconds":
-      self.counter.add_seconds(out, self.piece_sizes)
-    self.written[name] += rows
-    del out  # unmapped: the pages are page cache now, written back by the kernel
 
   def close(self) -> None:
     for f in self.files.values():
@@ -235,6 +272,8 @@ class SplitWriter:
     store.save_array(os.path.join(self.path, "probe_offsets.npy"), offsets)
     store.save_array(os.path.join(self.path, "probe_src.npy"), np.ascontiguousarray(src))
     store.save_array(os.path.join(self.path, "probe_version.npy"), version)
+    if "dst" in self.files:
+      store.save_array(os.path.join(self.path, f"{dst_table.TABLE}.npy"), self.dst.table())
     for name, counts in zip(store.STATS_ARRAYS, self.counter.counts(), strict=True):
       assert counts.shape == (len(sizes),), (self.path, name, counts.shape)
       store.save_array(os.path.join(self.path, f"{name}.npy"), counts)
@@ -251,3 +290,13 @@ class SplitWriter:
       },
     )
     return counts
+
+
+def _file_name(name: str) -> str:
+  """The file of row column `name` (`store.ROW_FILES`)."""
+  return dst_table.INDEX if name == "dst" else name
+
+
+def _file_kind(name: str) -> tuple:
+  """(dtype, trailing shape) of row column `name`'s file."""
+  return store.ROW_FILES[_file_name(name)]

@@ -17,7 +17,7 @@ import tqdm
 
 from maxtext_netdata.data.prepare import assemble, partition, probes
 from maxtext_netdata.data.raw import probe_hash
-from maxtext_netdata.data.store import store
+from maxtext_netdata.data.store import dst_table, store
 from maxtext_netdata.errors import WritesTo
 
 
@@ -41,6 +41,9 @@ def merge_split(
           segments = union.segments(lo, hi)
           writer.add_probes(union.rows[lo:hi].sum(axis=1), union.src[lo:hi], union.version[lo:hi])
           for name in names:
+            if name == "dst":  # indices of each source's table, mapped to the new split's
+              writer.add_dst([sources[i].dst_part(start, n, i) for i, start, n in segments])
+              continue
             fill = functools.partial(_copy_segments, sources, segments, name)
             writer.add_rows(name, int(union.rows[lo:hi].sum()), fill)
         else:  # some probe's new rows fall between its old ones: only those times sorted
@@ -51,6 +54,8 @@ def merge_split(
           sizes[parts.has_middle] += middle
           writer.add_probes(sizes, union.src[lo:hi], union.version[lo:hi])
           for name in names:
+            # Destinations as 16-byte addresses here: each group is a head, a middle and a
+            # tail of its own, and mapping each part's indices cost more than decoding.
             fill = functools.partial(parts.fill, merged, name)
             writer.add_rows(name, int(sizes.sum()), fill)
           del merged
@@ -122,8 +127,9 @@ class _Source:
     self.first = np.array(split.seconds[self.starts])
     self.last = np.array(split.seconds[stops - 1])
     self.seconds = split.seconds  # mapped: binary searches read a few pages of it
+    self.dst_table = np.array(split.dst_table)
     self.files = {}
-    for name in store.ROW_ARRAYS:
+    for name in store.ROW_FILES:
       array = getattr(split, name)  # checked for dtype and shape
       if array is not None:
         f = open(array.filename, "rb")  # noqa: SIM115 (closed in close)
@@ -131,7 +137,24 @@ class _Source:
     del split
 
   def read_into(self, name: str, start: int, out: np.ndarray) -> None:
-    """Rows [start, start + len(out)) of column `name` into `out`."""
+    """Rows [start, start + len(out)) of column `name` into `out` (a destination decoded to
+    its 16 bytes)."""
+    if name == "dst":
+      dst_table.decode(self.dst_table, self.read_index(start, len(out)), out=out)
+      return
+    self._read(name, start, out)
+
+  def read_index(self, start: int, rows: int) -> np.ndarray:
+    """The destination indices (into `dst_table`) of rows [start, start + rows)."""
+    out = np.empty(rows, dst_table.INDEX_DTYPE)
+    self._read(dst_table.INDEX, start, out)
+    return out
+
+  def dst_part(self, start: int, rows: int, source: int) -> tuple:
+    """Rows [start, start + rows)'s destinations as a part of `SplitWriter.add_dst`."""
+    return self.read_index(start, rows), self.dst_table, source
+
+  def _read(self, name: str, start: int, out: np.ndarray) -> None:
     f, offset = self.files[name]
     f.seek(offset + start * (out.nbytes // max(len(out), 1)))
     if f.readinto(memoryview(out).cast("B")) != out.nbytes:

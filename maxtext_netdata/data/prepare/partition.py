@@ -112,14 +112,8 @@ def _names(hashed: bool) -> list[str]:
 def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
   """(bucket, chunk) of each bucket that rows of this validated batch fall in."""
   probe, table, hashes = probes.batch_probes(columns)
-  rtt_bytes, failed = row_kernels.rtt_payload(columns.rtt)  # tokenizer.rtt_bytes, compiled
-  data = {
-    "dst": columns.dst,
-    "seconds": columns.seconds,
-    "rtt_bytes": rtt_bytes,
-    "failed": failed,
-    "rtt_ms": columns.rtt.astype(np.float32),
-  }
+  rtt_bytes, _ = row_kernels.rtt_payload(columns.rtt)  # tokenizer.rtt_bytes, compiled
+  data = {"dst": columns.dst, "seconds": columns.seconds, "rtt_bytes": rtt_bytes}
   if hashed:
     data["hashed_order"] = hashed_kernel.hashed_order_pairs(
       columns.src_text, columns.dst_text, columns.seconds
@@ -298,8 +292,9 @@ def _probe_ranks(keys: np.ndarray, hashes: np.ndarray) -> tuple:
 def row_order(probe: np.ndarray, columns: dict) -> np.ndarray:
   """Row permutation by (probe, seconds), ties broken by the rows' content.
 
-  Ties (same probe and second) are ordered by destination, RTT and hashed order, so the
-  result does not depend on the order the rows arrived in.
+  Ties (same probe and second) are ordered by destination, RTT payload and hashed order, so
+  the result does not depend on the order the rows arrived in (rows equal in all of these are
+  equal in every stored byte).
   """
   seconds = columns["seconds"]
   n = len(probe)
@@ -328,7 +323,8 @@ def row_order(probe: np.ndarray, columns: dict) -> np.ndarray:
   run = np.cumsum(~np.concatenate([[False], tie])[where])  # one id per run of equal keys
   rows = perm[where]
   dst = store.take_rows(columns["dst"], rows).view(">u8")
-  content = [dst[:, 1], dst[:, 0], columns["rtt_ms"][rows].view(np.uint32)]
+  rtt = store.take_rows(columns["rtt_bytes"], rows).view(">u2")[:, 0]
+  content = [dst[:, 1], dst[:, 0], rtt]
   if columns.get("hashed_order") is not None:
     content = [store.take_rows(columns["hashed_order"], rows).view(np.uint16)[:, 0], *content]
   # lexsort's order (the last key first) by Arrow's multi-key sort, which sorts by the run

@@ -1,6 +1,7 @@
 """The prepared store: one split of measurements grouped by probe as memory-mappable `.npy`
-files (`store`: the format, the reader, probe statistics), and its copy to and from `gs://`
-and `s3://` (`remote_copy`).
+files (`store`: the format, the reader, probe statistics; `dst_table`: the destinations as a
+table and a row index), and its copy to and from `gs://` and `s3://` (`remote_copy`).
 
-May import `data.remote` and `errors`: the store knows nothing of how it was built.
+May import `data.remote`, `kernels` (the destination table's compiled hash table) and
+`errors`: the store knows nothing of how it was built.
 """

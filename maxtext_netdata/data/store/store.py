@@ -6,11 +6,10 @@ Layout of a split directory (written by `data.prepare.prepare`):
     probe_offsets.npy    int64 [P+1]   rows of probe p are [off[p], off[p+1])
     probe_src.npy        uint8 [P, 16] source address (IPv4 in the first 4 bytes)
     probe_version.npy    uint8 [P]     4 or 6
-    dst.npy              uint8 [N, 16]
+    dst_table.npy        uint8 [D, 16] the distinct destinations, in order of first row
+    dst_index.npy        uint32 [N]    each row's destination: dst_table[dst_index[r]]
     seconds.npy          int64 [N]     Unix seconds; non-decreasing within a probe
-    rtt_bytes.npy        uint8 [N, 2]  the RTT block's two payload bytes
-    failed.npy           bool  [N]
-    rtt_ms.npy           float32 [N]   negative = failed
+    rtt_bytes.npy        uint8 [N, 2]  the RTT block's two payload bytes; 0, 0: failed
     hashed_order.npy     uint8 [N, 2]  only with network_field_order=hashed
     probe_failed.npy     int64 [P]     failed rows of each probe      } probe statistics,
     probe_long_gaps.npy  int64 [P]     rows > 255 s after the row     } written by prepare
@@ -18,7 +17,10 @@ Layout of a split directory (written by `data.prepare.prepare`):
 
 Probes are ordered by (hash, version, source address bytes), the hash being the one that
 decides the probe split (`data.prepare.partition`); rows within a probe by time, ties by destination,
-RTT and hashed order, so the content depends only on the input rows.
+RTT payload and hashed order, so the content depends only on the input rows. A row takes
+14 bytes (16 with the hashed order): 31 in format 2, which kept each destination's 16 bytes,
+the RTT as a float and a failed flag (`dst_table`; a failed row's payload is 0, 0, which no
+RTT has: its mantissa is at least 1).
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from maxtext_netdata.data.store import dst_table
+from maxtext_netdata.data.store.memory import memory_cgroups, usable_memory  # noqa: F401
 from maxtext_netdata.errors import DataError, WritesTo
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 # name → (dtype, trailing shape); the leading dimension is probes+1, probes or rows.
 PROBE_ARRAYS = {
@@ -46,14 +50,19 @@ PROBE_ARRAYS = {
   "probe_src": (np.uint8, (16,)),
   "probe_version": (np.uint8, ()),
 }
+# A split's row columns as prepare sorts and merges them (a destination as its 16 bytes)...
 ROW_ARRAYS = {
   "dst": (np.uint8, (16,)),
   "seconds": (np.int64, ()),
   "rtt_bytes": (np.uint8, (2,)),
-  "failed": (np.bool_, ()),
-  "rtt_ms": (np.float32, ()),
   "hashed_order": (np.uint8, (2,)),
 }
+# ...and as its files hold them: the destination as an index into `dst_table` (`dst_table`).
+ROW_FILES = {
+  dst_table.INDEX: (dst_table.INDEX_DTYPE, ()),
+  **{name: kind for name, kind in ROW_ARRAYS.items() if name != "dst"},
+}
+TABLE_ARRAYS = {dst_table.TABLE: (np.uint8, (16,))}  # leading dimension: the table's own
 # Per-probe statistics the epoch planner needs, counted once by prepare (`probe_counts`).
 STATS_ARRAYS = ("probe_failed", "probe_long_gaps")
 LONG_GAP_S = 255  # a gap above this takes a DELTA4 timestamp (docs/spec.md §2)
@@ -123,12 +132,23 @@ class PreparedStore:
 
   def row_bytes(self) -> int:
     """Bytes of the split's row array files."""
-    paths = (os.path.join(self.path, f"{name}.npy") for name in ROW_ARRAYS)
+    paths = (os.path.join(self.path, f"{name}.npy") for name in ROW_FILES)
     return sum(os.path.getsize(path) for path in paths if os.path.exists(path))
+
+  @property
+  def dst(self) -> np.ndarray:
+    """uint8 [N, 16]: every row's destination, decoded in memory (tools and tests; the batch
+    kernel reads `dst_index` and `dst_table`)."""
+    return dst_table.decode(self.dst_table, self.dst_index)
+
+  @property
+  def failed(self) -> np.ndarray:
+    """bool [N]: every row's failed flag, in memory (`failed_of` its RTT payload)."""
+    return failed_of(self.rtt_bytes)
 
   def __getattr__(self, name: str):
     # Only called for attributes not yet set: open the array and keep it.
-    if name not in PROBE_ARRAYS and name not in ROW_ARRAYS:
+    if name not in PROBE_ARRAYS and name not in ROW_FILES and name not in TABLE_ARRAYS:
       raise AttributeError(f"PreparedStore has no attribute {name!r}")
     if name == "hashed_order" and not self.meta.get("hashed_order"):
       array = None
@@ -138,14 +158,18 @@ class PreparedStore:
     return array
 
   def _load(self, name: str) -> np.ndarray:
-    dtype, tail = {**PROBE_ARRAYS, **ROW_ARRAYS}[name]
+    dtype, tail = {**PROBE_ARRAYS, **ROW_FILES, **TABLE_ARRAYS}[name]
     rows = (
       self.num_probes + 1
       if name == "probe_offsets"
-      else (self.num_probes if name in PROBE_ARRAYS else self.num_rows)
+      else self.num_probes
+      if name in PROBE_ARRAYS
+      else None
+      if name in TABLE_ARRAYS
+      else self.num_rows
     )
     array = self._map(name, dtype, (rows, *tail))
-    if self.access == "random" and name in ROW_ARRAYS:
+    if self.access == "random" and name in ROW_FILES:
       mapping = getattr(array, "_mmap", None)  # numpy's memmap keeps its mmap.mmap there
       if mapping is not None and hasattr(mmap, "MADV_RANDOM"):
         mapping.madvise(mmap.MADV_RANDOM)
@@ -158,6 +182,8 @@ class PreparedStore:
       array = np.load(file_path, mmap_mode="r")
     except (OSError, ValueError) as e:
       raise DataError(f"{file_path}: unreadable ({e}); run prepare again") from None
+    if shape[0] is None and array.ndim == len(shape):
+      shape = (array.shape[0], *shape[1:])  # a table: any length
     if array.dtype != dtype or array.shape != shape:
       raise DataError(
         f"{file_path}: {array.dtype}{list(array.shape)}, expected"
@@ -189,42 +215,6 @@ class PreparedStore:
     return f"PreparedStore({self.path!r}, rows={self.num_rows}, probes={self.num_probes})"
 
 
-def memory_cgroups():
-  """(folder, limit file name) of each memory cgroup this process is in (v2, v1) whose limit
-  file exists: at its path under the usual mount point, or, in a container that mounts its
-  own cgroup as the root, at the root."""
-  try:
-    with open("/proc/self/cgroup", encoding="utf-8") as f:
-      lines = f.read().splitlines()
-  except OSError:
-    return
-  for line in lines:
-    _, controllers, group = line.split(":", 2)
-    if controllers == "":
-      root, limit = "/sys/fs/cgroup", "memory.max"
-    elif "memory" in controllers.split(","):
-      root, limit = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
-    else:
-      continue
-    for folder in dict.fromkeys((root + group.rstrip("/"), root)):
-      if os.path.exists(os.path.join(folder, limit)):
-        yield folder, limit
-        break
-
-
-def usable_memory() -> int:
-  """Bytes of memory this process may fill with page cache: the machine's, or the limit of
-  its cgroup when lower, as in a container. Our own code: psutil reads the machine's alone."""
-  total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  for folder, limit in memory_cgroups():
-    try:
-      with open(os.path.join(folder, limit), encoding="utf-8") as f:
-        total = min(total, int(f.read().strip()))
-    except (OSError, ValueError):  # v2's "max": no limit
-      continue
-  return total
-
-
 @dataclasses.dataclass
 class ProbeRows:
   """Measurements in memory, grouped by probe and time-sorted: the content of one split."""
@@ -234,9 +224,7 @@ class ProbeRows:
   probe_version: np.ndarray  # uint8 [P]
   dst: np.ndarray  # uint8 [N, 16]
   seconds: np.ndarray  # int64 [N]
-  rtt_bytes: np.ndarray  # uint8 [N, 2]
-  failed: np.ndarray  # bool [N]
-  rtt_ms: np.ndarray  # float32 [N]
+  rtt_bytes: np.ndarray  # uint8 [N, 2]; 0, 0: failed
   hashed_order: np.ndarray | None  # uint8 [N, 2]
   probe_hash: np.ndarray | None = None  # uint64 [P], a sorted bucket's (data.prepare.partition)
 
@@ -270,11 +258,18 @@ class ProbeRows:
     for name in ROW_ARRAYS:
       column = getattr(self, name)
       if column is not None:
-        _save(path, name, column if keep is None else take_rows(column, kept))
+        column = column if keep is None else take_rows(column, kept)
+        if name == "dst":
+          encoder = dst_table.DstEncoder()
+          _save(path, dst_table.INDEX, encoder.encode(column))
+          _save(path, dst_table.TABLE, encoder.table())
+        else:
+          _save(path, name, column)
+    rtt_bytes = self.rtt_bytes if keep is None else self.rtt_bytes[keep]
     counts = {
       "rows": int(offsets[-1]),
       "probes": int(present.sum()),
-      "failed": int(self.failed.sum() if keep is None else self.failed[keep].sum()),
+      "failed": int(failed_of(rtt_bytes).sum()),
     }
     write_json(
       os.path.join(path, META_FILE),
@@ -307,13 +302,18 @@ def probe_counts(split, chunk_rows: int = 1 << 24) -> tuple[np.ndarray, np.ndarr
   for lo in range(0, split.num_rows, chunk_rows):
     hi = min(lo + chunk_rows, split.num_rows)
     seconds = np.asarray(split.seconds[lo:hi])
-    cf = carry_failed + np.cumsum(np.asarray(split.failed[lo:hi]), dtype=np.int64)
+    cf = carry_failed + np.cumsum(failed_of(split.rtt_bytes[lo:hi]), dtype=np.int64)
     cg = carry_gap + np.cumsum(_long_gaps(seconds, previous), dtype=np.int64)
     at = (offsets > lo) & (offsets <= hi)  # probe ends inside this chunk
     failed_cum[at] = cf[offsets[at] - lo - 1]
     gap_cum[at] = cg[offsets[at] - lo - 1]
     carry_failed, carry_gap, previous = int(cf[-1]), int(cg[-1]), int(seconds[-1])
   return np.diff(failed_cum), np.diff(gap_cum)
+
+
+def failed_of(rtt_bytes: np.ndarray) -> np.ndarray:
+  """bool [n]: the rows whose RTT payload (uint8 [n, 2]) is 0, 0: failed pings."""
+  return ~np.asarray(rtt_bytes).any(axis=1)
 
 
 def _long_gaps(seconds: np.ndarray, previous: int | None) -> np.ndarray:
@@ -378,7 +378,7 @@ def take_rows(array: np.ndarray, index: np.ndarray, out: np.ndarray | None = Non
 
 
 def _save(path: str, name: str, array: np.ndarray) -> None:
-  dtype, tail = {**PROBE_ARRAYS, **ROW_ARRAYS}[name]
+  dtype, tail = {**PROBE_ARRAYS, **ROW_FILES, **TABLE_ARRAYS}[name]
   assert array.dtype == dtype and array.shape[1:] == tail, (name, array.dtype, array.shape)
   save_array(os.path.join(path, f"{name}.npy"), array)
 

@@ -42,7 +42,7 @@ def test_beam_direct_runner_builds_the_builtin_store(tmp_path, raw_files, monkey
     store_files(builtin.summary["path"]),
     store_files(on_beam.summary["path"]),
   )
-  assert a.keys() == b.keys() and "train/dst.npy" in a
+  assert a.keys() == b.keys() and "train/dst_index.npy" in a and "train/dst_table.npy" in a
   for name in a:
     assert a[name] == b[name], name
   assert on_beam.summary["rows_read"] == builtin.summary["rows_read"] == 20_000

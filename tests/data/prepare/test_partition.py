@@ -46,7 +46,7 @@ def test_bucket_count_does_not_change_the_store(tmp_path, raw_files, monkeypatch
     store_files(one.summary["path"]),
     store_files(many.summary["path"]),
   )
-  assert a.keys() == b.keys() and "train/dst.npy" in a
+  assert a.keys() == b.keys() and "train/dst_index.npy" in a and "train/dst_table.npy" in a
   for name in a:
     assert a[name] == b[name], name
   assert one.train.num_rows + one.eval.num_rows == 30_000
@@ -68,9 +68,7 @@ def test_time_cutoff_is_numpys_higher_quantile(tmp_path):
       probe_version=np.array([4], np.uint8),
       dst=np.zeros((n, 16), np.uint8),
       seconds=np.sort(rng.integers(0, 500, n)),
-      rtt_bytes=np.zeros((n, 2), np.uint8),
-      failed=np.zeros(n, bool),
-      rtt_ms=np.ones(n, np.float32),
+      rtt_bytes=np.ones((n, 2), np.uint8),
       hashed_order=None,
     )
     rows.write(str(tmp_path / str(k)), {})

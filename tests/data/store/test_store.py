@@ -72,7 +72,8 @@ def test_rows_are_grouped_by_probe_and_sorted_whatever_the_input_order():
     rows.probe_offsets, np.cumsum([0, *(len(probes[p]) for p in order)])
   )
   np.testing.assert_array_equal(rows.seconds, sum((probes[p] for p in order), []))
-  np.testing.assert_array_equal(rows.failed, rows.rtt_ms < 0)
+  failed = np.array([r < 0 for r in ROWS["rtt"]])
+  assert sorted(store.failed_of(rows.rtt_bytes)) == sorted(failed)  # 0, 0 only when failed
   for order, chunks in (
     ([6, 5, 4, 3, 2, 1, 0], 1),
     ([2, 4, 6, 0, 1, 3, 5], 3),
@@ -139,7 +140,11 @@ def test_store_opens_lazily_memory_maps_and_pickles_as_its_path(tmp_path):
   split = written(tmp_path)
   assert "seconds" not in vars(split)
   assert split.num_rows == 7 and split.num_probes == 4 and split.meta["split"] == "train"
-  assert isinstance(split.dst, np.memmap) and split.dst.shape == (7, 16)
+  assert isinstance(split.dst_index, np.memmap) and split.dst_index.shape == (7,)
+  # The destinations: the distinct ones in the order of their first row, and an index a row.
+  dst = [bytes(d) for d in split.dst]
+  assert sorted(dst) == sorted(bytes(d) for d in raw_columns(*ROWS.values()).dst)
+  assert [bytes(t) for t in split.dst_table] == list(dict.fromkeys(dst))
   assert split.hashed_order is None
   big = int(np.argmax(np.diff(split.probe_offsets)))  # 192.0.2.9's four rows
   assert split.probe_rows(big) == slice(
@@ -168,7 +173,7 @@ def _random_read_maps(split) -> dict[str, bool]:
 
 
 def _random_in_child(split) -> dict[str, bool]:
-  split.dst, split.probe_src  # noqa: B018 (mapped)
+  split.dst_index, split.probe_src  # noqa: B018 (mapped)
   return _random_read_maps(split)
 
 
@@ -178,18 +183,24 @@ def test_a_store_read_at_random_advises_its_row_maps_only_and_keeps_it_when_pick
   normal = written(tmp_path)
   split = normal.with_access("random")
   assert split.access == "random" and split.path == normal.path
-  split.dst, split.seconds, split.probe_src, normal.rtt_bytes  # noqa: B018 (mapped)
+  split.dst_index, split.seconds, split.probe_src, split.dst_table, normal.rtt_bytes  # noqa: B018
   flags = _random_read_maps(split)
-  assert flags == {"dst": True, "seconds": True, "probe_src": False, "rtt_bytes": False}
+  assert flags == {
+    "dst_index": True,
+    "seconds": True,
+    "probe_src": False,
+    "dst_table": False,
+    "rtt_bytes": False,
+  }
   # Grain's spawned workers map it the same way.
   assert pickle.loads(pickle.dumps(split)).access == "random"
   with multiprocessing.get_context("spawn").Pool(1) as pool:
-    assert pool.apply(_random_in_child, (split,)) == {"dst": True, "probe_src": False}
+    assert pool.apply(_random_in_child, (split,)) == {"dst_index": True, "probe_src": False}
   # auto: at random when the rows take more than the memory.
   rows = normal.row_bytes()
   assert rows == sum(
     os.path.getsize(f"{normal.path}/{n}.npy")
-    for n in store.ROW_ARRAYS
+    for n in store.ROW_FILES
     if os.path.exists(f"{normal.path}/{n}.npy")
   )
   assert normal.with_access("auto", memory=rows - 1).access == "random"
@@ -208,7 +219,8 @@ def test_write_keeps_only_selected_rows_and_their_probes(tmp_path):
   rows = build(range(7))
   sizes = np.diff(rows.probe_offsets)
   big = int(np.argmax(sizes))
-  small = int(np.flatnonzero((sizes == 1) & (rows.rtt_ms[rows.probe_offsets[:-1]] >= 0))[0])
+  ok = ~store.failed_of(rows.rtt_bytes)
+  small = int(np.flatnonzero((sizes == 1) & ok[rows.probe_offsets[:-1]])[0])
   keep = np.zeros(7, dtype=bool)
   keep[rows.probe_offsets[big] : rows.probe_offsets[big] + 2] = True
   keep[rows.probe_offsets[small]] = True
@@ -217,6 +229,8 @@ def test_write_keeps_only_selected_rows_and_their_probes(tmp_path):
   split = store.PreparedStore(path)
   np.testing.assert_array_equal(split.probe_offsets, [0, 2, 3] if big < small else [0, 1, 3])
   np.testing.assert_array_equal(split.seconds, rows.seconds[keep])
+  np.testing.assert_array_equal(split.dst, rows.dst[keep])  # its own table: kept rows' only
+  assert len(split.dst_table) == len(np.unique(rows.dst[keep], axis=0))
 
 
 def test_hashed_order_is_stored_when_asked(tmp_path):
@@ -323,9 +337,7 @@ def test_assemble_counts_the_statistics_across_pieces(tmp_path):
       probe_version=np.full(probes, 6, np.uint8),
       dst=rng.integers(0, 256, (n, 16), dtype=np.uint8),
       seconds=seconds.astype(np.int64),
-      rtt_bytes=np.zeros((n, 2), np.uint8),
-      failed=failed,
-      rtt_ms=np.where(failed, -1.0, 5.0).astype(np.float32),
+      rtt_bytes=np.where(failed[:, None], 0, np.full((n, 2), 40)).astype(np.uint8),  # 0, 0: failed
       hashed_order=None,
     )
     path = str(tmp_path / f"piece{index}")
@@ -430,21 +442,23 @@ def test_epoch_plans_are_kept_beside_the_store_and_mapped(sample_dir, tmp_path):
 
 @pytest.mark.parametrize("hashed", [False, True])
 def test_rows_tied_on_probe_and_second_are_ordered_by_rtt_then_destination(hashed):
-  """The documented order, written out as one lexsort: (probe, seconds, RTT bits, destination
-  as two big-endian words, hashed order), on rows with many ties in shuffled order."""
+  """The documented order, written out as one lexsort: (probe, seconds, RTT payload as a
+  big-endian word, destination as two big-endian words, hashed order), on rows with many
+  ties in shuffled order."""
   rng = np.random.default_rng(3)
   n = 5_000
   probe = rng.integers(0, 40, n).astype(np.int32)
   columns = {
     "seconds": rng.integers(0, 30, n).astype(np.int64),
     "dst": rng.integers(0, 3, (n, 16)).astype(np.uint8),  # equal destinations happen
-    "rtt_ms": rng.choice([1.5, 2.0, -1.0], n).astype(np.float32),
+    "rtt_bytes": rng.choice([0, 1, 9], (n, 2)).astype(np.uint8),
   }
   if hashed:
     columns["hashed_order"] = rng.integers(0, 4, (n, 2)).astype(np.uint8)
   perm = partition.row_order(probe, columns)
   dst = columns["dst"].view(">u8")
-  keys = [dst[:, 1], dst[:, 0], columns["rtt_ms"].view(np.uint32), columns["seconds"], probe]
+  rtt = columns["rtt_bytes"][:, 0].astype(np.int64) * 256 + columns["rtt_bytes"][:, 1]
+  keys = [dst[:, 1], dst[:, 0], rtt, columns["seconds"], probe]
   if hashed:
     keys.insert(0, columns["hashed_order"].view(np.uint16)[:, 0])
   expected = np.lexsort(keys)
