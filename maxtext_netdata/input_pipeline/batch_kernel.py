@@ -406,6 +406,8 @@ def _write_block(row_inputs, at, block, version, address, probe, row, j, store, 
   if block == tk.BLOCK_DST:
     row_inputs[at] = tk.DST_IPV4 if version == 4 else tk.DST_IPV6
     destination = store.dst_index[row]
+    if destination >= store.dst_table.shape[0]:  # read from disk: never index past the table
+      raise ValueError("batch kernel: a destination index in the store is past its table")
     for b in range(address - 1):
       row_inputs[at + 1 + b] = store.dst_table[destination, b] + _B
     return at + address

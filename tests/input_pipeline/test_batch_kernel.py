@@ -119,6 +119,21 @@ def test_a_corrupted_field_order_in_the_store_is_a_data_error(tmp_path):
     b.build_shifted(b.gather(0, 0, 2))
 
 
+def test_a_destination_index_past_the_table_is_a_data_error(tmp_path):
+  """The kernel reads each destination through the split's table with an index read from
+  disk: one past the table is a one-line DataError naming the store, never a read past it."""
+  from maxtext_netdata.errors import DataError
+
+  store = pipeline.write_store(str(tmp_path / "train"), probes=20)
+  path = os.path.join(store.path, "dst_index.npy")
+  index = np.load(path)
+  index[:] = len(store.dst_table)
+  np.save(path, index)
+  b = pipeline.builder(store, global_batch_size=2, num_epoch=-1)
+  with pytest.raises(DataError, match=f"{store.path}: .*destination index .* past its table"):
+    b.build_shifted(b.gather(0, 0, 2))
+
+
 def test_outputs_are_aligned_for_jax_to_use_them_in_place(tmp_path):
   """XLA's CPU client aliases a numpy array instead of copying it only when its data starts
   on 64 bytes; numpy alone gives 16. Every array the kernel or ShiftData writes is aligned,
