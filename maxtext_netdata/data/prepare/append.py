@@ -75,21 +75,47 @@ def appendable(config) -> bool:
   return config.network_split == "probe" or config.network_test_fraction == 0
 
 
-def _stores(prepared_dir: str, content_key: str):
-  """(root, its train files as a set of entries, summary) of each complete store in
-  `prepared_dir` of `content_key`. Stores written before summaries kept their files' sizes
-  and times are left out."""
+def _summaries(prepared_dir: str):
+  """(root, summary) of each store in `prepared_dir` whose summary can be read."""
   for meta_path in sorted(glob.glob(os.path.join(glob.escape(prepared_dir), "*", store.META_FILE))):
     try:
       with open(meta_path, encoding="utf-8") as f:
         summary = json.load(f)
     except (OSError, json.JSONDecodeError):
       continue
+    if isinstance(summary, dict):
+      yield os.path.dirname(meta_path), summary
+
+
+def _stores(prepared_dir: str, content_key: str):
+  """(root, its train files as a set of entries, summary) of each complete store in
+  `prepared_dir` of `content_key`. Stores written before summaries kept their files' sizes
+  and times are left out."""
+  for root, summary in _summaries(prepared_dir):
     if summary.get("format_version") != store.FORMAT_VERSION:
       continue
     if summary.get("content_key") != content_key or "train_file_entries" not in summary:
       continue
-    yield os.path.dirname(meta_path), {tuple(e) for e in summary["train_file_entries"]}, summary
+    yield root, {tuple(e) for e in summary["train_file_entries"]}, summary
+
+
+def former_formats(prepared_dir: str) -> list[tuple[str, object, int]]:
+  """(root, format version, bytes) of each complete store in `prepared_dir` of a format this
+  code does not read: never a base, never pruned (an older version of this code may still
+  read it), and as large as the store that replaces it."""
+  return [
+    (root, summary.get("format_version"), _folder_bytes(root))
+    for root, summary in _summaries(prepared_dir)
+    if summary.get("format_version") != store.FORMAT_VERSION
+  ]
+
+
+def _folder_bytes(root: str) -> int:
+  return sum(
+    os.path.getsize(os.path.join(folder, name))
+    for folder, _, names in os.walk(root)
+    for name in names
+  )
 
 
 def find_base(

@@ -185,6 +185,14 @@ def _prepare(
           why = "" if base else append.no_base_reason(local_dir, key, train_files, bounds)
           if why and progress:
             print(f"prepare: building in full: {why}", file=sys.stderr)
+        if base is None and progress:
+          for old, version, size in append.former_formats(local_dir):
+            print(
+              f"prepare: {old} is a store of format {version}, which this code does not read"
+              f" ({size / 1e6:,.1f} MB): delete it once no older version of this code"
+              " needs it",
+              file=sys.stderr,
+            )
         build = _build if base is None else functools.partial(_append, base=base)
         summary = build(config, options, train_files, eval_files, tmp, fp, progress, runner)
         store.write_json(os.path.join(tmp, store.META_FILE), summary)

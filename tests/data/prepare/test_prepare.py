@@ -124,6 +124,24 @@ def test_store_content_does_not_depend_on_files_or_row_order(tmp_path, raw_files
       np.testing.assert_array_equal(getattr(a, array), getattr(b, array), err_msg=array)
 
 
+def test_a_store_of_a_former_format_is_named_not_read_or_removed(tmp_path, raw_files, capsys):
+  """A store of another format version (a folder of format 2 beside the new one) is no base
+  and no cache; building beside it says where it is and how large, once, and keeps it."""
+  old = tmp_path / "0123456789abcdef"
+  (old / "train").mkdir(parents=True)
+  (old / "train" / "dst.npy").write_bytes(b"x" * 3 * 2**20)
+  store.write_json(str(old / store.META_FILE), {"format_version": 2})
+  built = prepare.prepare(make_config(tmp_path, raw_files), progress=True)
+  said = [line for line in capsys.readouterr().err.splitlines() if "format 2" in line]
+  assert said == [
+    f"prepare: {old} is a store of format 2, which this code does not read (3.1 MB): delete"
+    " it once no older version of this code needs it"
+  ]
+  assert not built.cached and old.is_dir()
+  again = prepare.prepare(make_config(tmp_path, raw_files), progress=True)
+  assert again.cached and "format 2" not in capsys.readouterr().err
+
+
 def test_probe_split_is_stable_whatever_the_other_files(tmp_path, raw_files):
   full = prepare.prepare(make_config(tmp_path / "full", raw_files), progress=False)
   part = prepare.prepare(make_config(tmp_path / "part", raw_files[1]), progress=False)
