@@ -42,7 +42,7 @@ def merge_split(
           writer.add_probes(union.rows[lo:hi].sum(axis=1), union.src[lo:hi], union.version[lo:hi])
           for name in names:
             if name == "dst":  # indices of each source's table, mapped to the new split's
-              writer.add_dst([sources[i].dst_part(start, n, i) for i, start, n in segments])
+              writer.add_dst([sources[i].dst_part(start, n) for i, start, n in segments])
               continue
             fill = functools.partial(_copy_segments, sources, segments, name)
             writer.add_rows(name, int(union.rows[lo:hi].sum()), fill)
@@ -150,9 +150,9 @@ class _Source:
     self._read(dst_table.INDEX, start, out)
     return out
 
-  def dst_part(self, start: int, rows: int, source: int) -> tuple:
+  def dst_part(self, start: int, rows: int) -> tuple:
     """Rows [start, start + rows)'s destinations as a part of `SplitWriter.add_dst`."""
-    return self.read_index(start, rows), self.dst_table, source
+    return self.read_index(start, rows), self.dst_table, self.path
 
   def _read(self, name: str, start: int, out: np.ndarray) -> None:
     f, offset = self.files[name]

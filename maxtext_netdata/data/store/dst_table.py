@@ -21,6 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from maxtext_netdata.errors import DataError
 from maxtext_netdata.kernels import hash_table, kernel_cache, warmup
 
 kernel_cache.install()  # cached kernels keyed on every project file imported
@@ -57,15 +58,20 @@ class DstEncoder:
       out[at : at + _CHUNK] = self._keys.lookup(words[at : at + _CHUNK])[0]
     return out
 
-  def encode_from(self, index: np.ndarray, table: np.ndarray, source: object) -> np.ndarray:
+  def encode_from(self, index: np.ndarray, table: np.ndarray, source: str) -> np.ndarray:
     """`encode(decode(table, index))`, without decoding every row: `source` names `table`
-    (the same source, the same table) so that its entries' indices here are kept."""
+    (the split it comes from: the same source, the same table) so that its entries' indices
+    here are kept. An index past `table` is a DataError naming `source`."""
     mapped = self._maps.get(source)
     if mapped is None:
       mapped = self._maps[source] = np.full(len(table), -1, np.int64)
     index = np.ascontiguousarray(index, dtype=INDEX_DTYPE)
     entries = np.empty(min(len(index), len(mapped)), np.int64)
     count = _first_unseen(index, mapped, entries)
+    if count < 0:
+      raise DataError(
+        f"{source}: a destination index past its table of {len(mapped)}; prepare it again"
+      )
     if count:
       entries = entries[:count]  # in the order of their first row
       mapped[entries] = self.encode(np.asarray(table)[entries])
@@ -79,11 +85,14 @@ class DstEncoder:
 @numba.njit(cache=True, nogil=True)
 def _first_unseen(index, mapped, out):
   """The entries of `index` that `mapped` does not know (-1), each once, in the order of
-  their first row, into `out`; marks them (-2). Returns their count. One pass: a sort of the
-  indices (`np.unique`) took ~0.15 s a 2M-row piece, longer than the piece's other work."""
+  their first row, into `out`; marks them (-2). Returns their count, or -1 for an index past
+  the table (read from disk: never read past it). One pass: a sort of the indices
+  (`np.unique`) took ~0.15 s a 2M-row piece, longer than the piece's other work."""
   count = 0
   for i in range(len(index)):
     entry = index[i]
+    if entry >= len(mapped):
+      return -1
     if mapped[entry] == -1:
       mapped[entry] = -2
       out[count] = entry

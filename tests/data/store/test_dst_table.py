@@ -4,8 +4,10 @@ rows arrive as addresses or as another table's indices, in any mix and any batch
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from maxtext_netdata.data.store import dst_table
+from maxtext_netdata.errors import DataError
 
 
 def _addresses(rng, n: int, distinct: int) -> np.ndarray:
@@ -42,7 +44,7 @@ def test_a_table_of_first_rows_however_the_rows_arrive():
       out.append(encoder.encode(rows[at : at + n]))
     else:  # indices into source `kind`'s table
       own, own_index = sources[kind]
-      out.append(encoder.encode_from(own_index[at : at + n], own, kind))
+      out.append(encoder.encode_from(own_index[at : at + n], own, f"source {kind}"))
     at += n
   np.testing.assert_array_equal(np.concatenate(out), index)
   np.testing.assert_array_equal(encoder.table(), table)
@@ -58,3 +60,10 @@ def test_an_entry_first_seen_twice_in_one_batch_is_added_once():
   np.testing.assert_array_equal(encoder.encode(table[[1, 0]]), [2, 1])
   np.testing.assert_array_equal(encoder.encode_from(np.array([1], np.uint32), table, "a"), [2])
   assert len(encoder) == 3
+
+
+def test_an_index_past_its_table_is_refused():
+  encoder = dst_table.DstEncoder()
+  table = np.zeros((2, 16), np.uint8)
+  with pytest.raises(DataError, match="^piece: a destination index past its table of 2"):
+    encoder.encode_from(np.array([0, 2], np.uint32), table, "piece")
