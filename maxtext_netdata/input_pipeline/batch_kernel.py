@@ -289,7 +289,7 @@ def _take(plan_row, k, start, count, mode, drop, address, room, store, key_measu
     kind = tk.TS_NONE
     value = np.int64(0)
     if has_ts:
-      now = store.seconds[row]
+      now = np.int64(store.seconds[row])  # uint32 in the store
       if not have_clock:
         kind = tk.TS_ABS
         value = now

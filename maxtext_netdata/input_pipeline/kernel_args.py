@@ -18,7 +18,7 @@ class StoreColumns(NamedTuple):
   probe_src: np.ndarray  # uint8 [P, 16]
   dst_table: np.ndarray  # uint8 [D, 16]
   dst_index: np.ndarray  # uint32 [N]: row r's destination is dst_table[dst_index[r]]
-  seconds: np.ndarray  # int64 [N]
+  seconds: np.ndarray  # uint32 [N]: Unix seconds
   rtt_bytes: np.ndarray  # uint8 [N, 2]; 0, 0: a failed ping
   hashed_order: np.ndarray  # uint8 [N, 2]; read only for the hashed field order (else any)
 

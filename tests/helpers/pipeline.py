@@ -18,10 +18,17 @@ from maxtext_netdata.input_pipeline.sequences import INPUT_KEYS, BatchBuilder
 
 
 def write_store(
-  path: str, *, probes: int = 120, mean_rows: int = 300, seed: int = 0, hashed: bool = True
+  path: str,
+  *,
+  probes: int = 120,
+  mean_rows: int = 300,
+  seed: int = 0,
+  hashed: bool = True,
+  last_second: int | None = None,
 ) -> store_lib.PreparedStore:
   """A prepared split of `probes` probes (a fifth of them short), mixed IPv4/IPv6, ~10% failed,
-  gaps of 0 s to 400 s between a probe's rows (some DELTA4), written with `ProbeRows.write`."""
+  gaps of 0 s to 400 s between a probe's rows (some DELTA4), written with `ProbeRows.write`;
+  from 2025-06-15, or, with `last_second`, up to that second (the last row's)."""
   rng = np.random.default_rng(seed)
   counts = rng.integers(1, 2 * mean_rows, probes)
   counts[: probes // 5] = rng.integers(1, 40, probes // 5)
@@ -36,6 +43,8 @@ def write_store(
   dst[row_version == 4, 4:] = 0
   gaps = rng.choice([0, 1, 5, 30, 100, 400], size=n, p=[0.2, 0.3, 0.2, 0.15, 0.1, 0.05])
   seconds = (1_750_000_000 + np.cumsum(gaps)).astype(np.int64)
+  if last_second is not None:
+    seconds += last_second - seconds[-1]
   rtt = rng.lognormal(np.log(50), 1, n).astype(np.float32)
   failed = rng.random(n) < 0.1
   rtt[failed] = -1

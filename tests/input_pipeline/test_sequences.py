@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from maxtext_netdata.data.raw import schema
 from maxtext_netdata.format import tokenizer
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline import batch_kernel_loading
@@ -100,6 +101,22 @@ def test_every_segment_decodes_to_one_probe_in_one_mode(store, packing, field_or
     assert orders == {0}
   if field_order == "random":
     assert len(orders) == 24
+
+
+def test_times_up_to_the_last_second_a_store_keeps_are_tokenized_exactly(tmp_path):
+  """The store's seconds are uint32 up to 2106-02-07 06:28:15 UTC; the kernel's timestamps
+  (absolute and deltas) decode to each row's time."""
+  late = pipeline.write_store(
+    str(tmp_path / "train"), probes=20, mean_rows=100, last_second=schema.LAST_SECOND
+  )
+  assert late.seconds.dtype == np.uint32 and int(late.seconds[-1]) == schema.LAST_SECOND
+  b = builder(late, mode_weights=(1.0, 0.0, 0.0), global_batch_size=16)
+  stamped = set()
+  for step in range(b.steps_per_epoch):
+    batch, layout = build(b, step)
+    assert pipeline.check_host_batch(late, layout, batch, SEQ_LEN)["full"]
+    stamped.update(layout.store_row[layout.ts_kind == tk.TS_ABS].tolist())
+  assert int(late.seconds[max(stamped)]) > 2**31  # past what int32 holds: read unsigned
 
 
 def test_mode_weights_choose_the_modes(store):

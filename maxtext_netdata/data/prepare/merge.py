@@ -124,8 +124,8 @@ class _Source:
     self.hashes = probes.probe_hashes(self.keys)
     assert (self.sizes > 0).all(), path
     # Each probe's first and last second: a few pages of the map, unmapped at once.
-    self.first = np.array(split.seconds[self.starts])
-    self.last = np.array(split.seconds[stops - 1])
+    self.first = split.seconds[self.starts].astype(np.int64)
+    self.last = split.seconds[stops - 1].astype(np.int64)
     self.seconds = split.seconds  # mapped: binary searches read a few pages of it
     self.dst_table = np.array(split.dst_table)
     self.files = {}
@@ -155,6 +155,14 @@ class _Source:
     return self.read_index(start, rows), self.dst_table, self.path
 
   def _read(self, name: str, start: int, out: np.ndarray) -> None:
+    """Rows [start, start + len(out)) of file `name` into `out`; converted when `out` is of
+    another type than the file (the seconds: uint32 in a file, int64 as prepare sorts them)."""
+    dtype = store.ROW_FILES[name][0]
+    if out.dtype != dtype:
+      rows = np.empty(out.shape, dtype)
+      self._read(name, start, rows)
+      out[...] = rows
+      return
     f, offset = self.files[name]
     f.seek(offset + start * (out.nbytes // max(len(out), 1)))
     if f.readinto(memoryview(out).cast("B")) != out.nbytes:

@@ -25,6 +25,9 @@ PARQUET_READ_OPTIONS = {
   "page_checksum_verification": True,
 }
 _UNITS_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+# The times a row may have, in Unix seconds: from 1970-01-01 (the token format's seconds are
+# unsigned) to 2106-02-07 06:28:15 UTC, the last a store's uint32 seconds keep (`data.store`).
+LAST_SECOND = 2**32 - 1
 
 
 @dataclasses.dataclass
@@ -176,6 +179,12 @@ def validate_table(
     null = time_col.is_null().to_numpy(zero_copy_only=False)
     problems.append((reason, null, plain(reason, "event_time")))
   seconds = _timestamp_seconds(_filled(time_col, 0))
+  reason = "event_time is before 1970 or after 2106-02-07 06:28:15 UTC"
+  outside = (seconds < 0) | (seconds > LAST_SECOND)
+  # The value in Unix seconds: such a time may be past what Python's datetime holds.
+  problems.append(
+    (reason, outside, lambda bad: _row_message(source, row_offset, bad, seconds.tolist(), reason))
+  )
 
   version = _filled(table.column("ip_version"), 0).to_numpy(zero_copy_only=False)
   version = version.astype(np.int64)

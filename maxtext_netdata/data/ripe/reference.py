@@ -162,7 +162,7 @@ def _problem(batch: pa.RecordBatch, i: int) -> str:
     return "not a usable ping result: no " + ", ".join(missing)
   if not FIRST_SECOND <= row["timestamp"] <= LAST_SECOND:
     return (
-      f"timestamp {row['timestamp']} is not from {FIRST_SECOND} to {LAST_SECOND} (1970 to 9999)"
+      f"timestamp {row['timestamp']} is not from {FIRST_SECOND} to {LAST_SECOND} (1970 to 2106)"
     )
   for k, packet in enumerate(row["result"] or [], 1):
     if packet is None:

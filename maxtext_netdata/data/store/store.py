@@ -8,7 +8,7 @@ Layout of a split directory (written by `data.prepare.prepare`):
     probe_version.npy    uint8 [P]     4 or 6
     dst_table.npy        uint8 [D, 16] the distinct destinations, in order of first row
     dst_index.npy        uint32 [N]    each row's destination: dst_table[dst_index[r]]
-    seconds.npy          int64 [N]     Unix seconds; non-decreasing within a probe
+    seconds.npy          uint32 [N]    Unix seconds; non-decreasing within a probe
     rtt_bytes.npy        uint8 [N, 2]  the RTT block's two payload bytes; 0, 0: failed
     hashed_order.npy     uint8 [N, 2]  only with network_field_order=hashed
     probe_failed.npy     int64 [P]     failed rows of each probe      } probe statistics,
@@ -18,9 +18,10 @@ Layout of a split directory (written by `data.prepare.prepare`):
 Probes are ordered by (hash, version, source address bytes), the hash being the one that
 decides the probe split (`data.prepare.partition`); rows within a probe by time, ties by destination,
 RTT payload and hashed order, so the content depends only on the input rows. A row takes
-14 bytes (16 with the hashed order): 31 in format 2, which kept each destination's 16 bytes,
+10 bytes (12 with the hashed order): 31 in format 2, which kept each destination's 16 bytes,
 the RTT as a float and a failed flag (`dst_table`; a failed row's payload is 0, 0, which no
-RTT has: its mantissa is at least 1).
+RTT has: its mantissa is at least 1), 14 in format 3, which kept the seconds as int64 (a
+time the reader takes is from 1970 to 2106: `SECONDS_MAX`, docs/spec.md §1).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from maxtext_netdata.data.store import dst_table
 from maxtext_netdata.data.store.memory import memory_cgroups, usable_memory  # noqa: F401
 from maxtext_netdata.errors import DataError, WritesTo
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 # name → (dtype, trailing shape); the leading dimension is probes+1, probes or rows.
 PROBE_ARRAYS = {
@@ -57,11 +58,16 @@ ROW_ARRAYS = {
   "rtt_bytes": (np.uint8, (2,)),
   "hashed_order": (np.uint8, (2,)),
 }
-# ...and as its files hold them: the destination as an index into `dst_table` (`dst_table`).
+# ...and as its files hold them: the destination as an index into `dst_table` (`dst_table`),
+# the seconds as uint32 (`SECONDS_MAX`); prepare keeps them as int64 until they are written.
 ROW_FILES = {
   dst_table.INDEX: (dst_table.INDEX_DTYPE, ()),
   **{name: kind for name, kind in ROW_ARRAYS.items() if name != "dst"},
+  "seconds": (np.uint32, ()),
 }
+# The last second a store keeps, 2106-02-07 06:28:15 UTC; the first is 0 (1970). The reader
+# (`data.raw.schema`) takes no row outside them: a bad row.
+SECONDS_MAX = 2**32 - 1
 TABLE_ARRAYS = {dst_table.TABLE: (np.uint8, (16,))}  # leading dimension: the table's own
 # Per-probe statistics the epoch planner needs, counted once by prepare (`probe_counts`).
 STATS_ARRAYS = ("probe_failed", "probe_long_gaps")
@@ -263,6 +269,8 @@ class ProbeRows:
           encoder = dst_table.DstEncoder()
           _save(path, dst_table.INDEX, encoder.encode(column))
           _save(path, dst_table.TABLE, encoder.table())
+        elif name == "seconds":
+          _save(path, name, seconds_for_file(column))
         else:
           _save(path, name, column)
     rtt_bytes = self.rtt_bytes if keep is None else self.rtt_bytes[keep]
@@ -317,11 +325,24 @@ def failed_of(rtt_bytes: np.ndarray) -> np.ndarray:
 
 
 def _long_gaps(seconds: np.ndarray, previous: int | None) -> np.ndarray:
-  """bool [n]: rows more than LONG_GAP_S after the row before (`previous` before the first)."""
+  """bool [n]: rows more than LONG_GAP_S after the row before (`previous` before the first).
+  Differences as int64: a probe's first row may be earlier than the row before it, which an
+  unsigned difference would make a long gap."""
   gaps = np.empty(len(seconds), dtype=bool)
   gaps[0] = previous is not None and int(seconds[0]) - previous > LONG_GAP_S
-  np.greater(np.subtract(seconds[1:], seconds[:-1]), LONG_GAP_S, out=gaps[1:])
+  np.greater(np.subtract(seconds[1:], seconds[:-1], dtype=np.int64), LONG_GAP_S, out=gaps[1:])
   return gaps
+
+
+def seconds_for_file(seconds: np.ndarray) -> np.ndarray:
+  """uint32 [n]: Unix seconds (any integer type) as a split's file keeps them; a ValueError
+  for one outside 0 ... SECONDS_MAX (the reader lets none through: a check, not a rule)."""
+  seconds = np.asarray(seconds)
+  if len(seconds) and (int(seconds.min()) < 0 or int(seconds.max()) > SECONDS_MAX):
+    raise ValueError(
+      f"seconds from {int(seconds.min())} to {int(seconds.max())}: a store keeps 0 to {SECONDS_MAX}"
+    )
+  return seconds.astype(np.uint32, copy=False)
 
 
 class ProbeCounter:

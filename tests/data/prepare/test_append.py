@@ -332,7 +332,7 @@ def test_prune_removes_the_stores_the_new_one_supersedes_and_no_other(tmp_path, 
   assert third.summary["pruned"]["bytes"] > 0
   left = {os.path.join(str(prep), name) for name in os.listdir(prep)}
   assert left == {third.summary["path"], other_key.summary["path"], other_files.summary["path"]}
-  assert len(held.read()) == header + second.train.num_rows * 8
+  assert len(held.read()) == header + second.train.num_rows * 4
   held.close()
   assert third.train.num_rows + third.eval.num_rows == sum(
     pq.read_metadata(d).num_rows for d in days[:3]

@@ -89,7 +89,7 @@ def test_store_holds_every_row_grouped_by_probe_and_time_sorted(tmp_path, raw_fi
     assert (np.diff(offsets) > 0).all()
     probe_of_row = np.repeat(np.arange(split.num_probes), np.diff(offsets))
     same_probe = probe_of_row[1:] == probe_of_row[:-1]
-    assert (np.diff(split.seconds)[same_probe] >= 0).all()
+    assert (np.diff(split.seconds.astype(np.int64))[same_probe] >= 0).all()
     # The destinations: a table of the distinct ones, in the order of their first row.
     table, index = np.asarray(split.dst_table), np.asarray(split.dst_index)
     assert len(np.unique(table, axis=0)) == len(table)
@@ -294,6 +294,34 @@ def test_skip_mode_drops_and_counts_bad_rows(tmp_path):
     "dst_addr unparsable or not matching ip_version": 1,
   }
   assert "skipped   3 rows" in summary_text.format_summary(summary)
+
+
+def test_a_store_keeps_times_from_1970_to_2106_and_no_other(tmp_path):
+  """A store's seconds are uint32: the reader refuses a time before 1970 or after
+  2106-02-07 06:28:15 UTC (a bad row, never a wrapped time), and keeps the last one exactly."""
+  seconds = np.arange(50) + 1_751_328_000
+  seconds[[3, 4]] = schema.LAST_SECOND  # the last second a store keeps (probe 192.0.2.3, .4)
+  seconds[[7, 9]] = schema.LAST_SECOND + 1, -1
+  table = with_column(good_table(), "event_time", seconds, pa.timestamp("s"))
+  path = str(tmp_path / "times.parquet")
+  pq.write_table(table, path)
+  with pytest.raises(DataError, match="before 1970 or after 2106") as error:
+    prepare.prepare(make_config(tmp_path / "prep", path), progress=False)
+  assert f"{path}: row 7:" in str(error.value) and "(value 4294967296)" in str(error.value)
+  splits = prepare.prepare(
+    make_config(tmp_path / "prep", path, "network_skip_bad_rows=true", "network_test_fraction=0"),
+    progress=False,
+  )
+  assert splits.summary["skipped"] == {
+    "event_time is before 1970 or after 2106-02-07 06:28:15 UTC": 2
+  }
+  train = splits.train
+  assert train.seconds.dtype == np.uint32 and train.num_rows == 48
+  assert sorted(train.seconds.tolist()) == sorted(np.delete(seconds, [7, 9]).tolist())
+  for probe in range(train.num_probes):
+    rows = train.probe_rows(probe)
+    assert (np.diff(train.seconds[rows].astype(np.int64)) >= 0).all()
+  assert int(train.seconds.max()) == schema.LAST_SECOND
 
 
 def test_failure_midway_leaves_no_store(tmp_path, raw_files):

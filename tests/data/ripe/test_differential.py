@@ -36,7 +36,7 @@ from tests.helpers.ripe_results import FIRMWARE_0, MODERN, T0
 TEXT = ("type", "from", "src_addr", "dst_addr", "addr")
 INTEGER = ("msm_id", "prb_id", "timestamp", "af", "rcvd")
 NEEDED = (*TEXT, *INTEGER, "result", "avg")  # a key twice among these: a bad line
-LAST_SECOND = 253_402_300_799  # 9999-12-31T23:59:59Z
+LAST_SECOND = 4_294_967_295  # 2106-02-07T06:28:15Z, the last second a store keeps
 MAX_NESTING = 512
 _INTEGER_TEXT = re.compile(r"-?(0|[1-9][0-9]*)")
 

@@ -245,7 +245,7 @@ def test_not_a_store_is_an_error(tmp_path):
   meta_path = os.path.join(split.path, store.META_FILE)
   meta = json.load(open(meta_path))
   np.save(os.path.join(split.path, "seconds.npy"), np.zeros(3, np.int64))
-  with pytest.raises(DataError, match=r"seconds.npy: int64\[3\], expected int64\[7\]"):
+  with pytest.raises(DataError, match=r"seconds.npy: int64\[3\], expected uint32\[7\]"):
     _ = store.PreparedStore(split.path).seconds
   store.write_json(meta_path, {**meta, "format_version": store.FORMAT_VERSION + 1})
   with pytest.raises(DataError, match="run prepare"):
@@ -254,7 +254,7 @@ def test_not_a_store_is_an_error(tmp_path):
 
 def _counts_by_definition(split) -> tuple[np.ndarray, np.ndarray]:
   """Failed rows and rows > 255 s after the split's previous row, probe by probe."""
-  seconds, failed = np.asarray(split.seconds), np.asarray(split.failed)
+  seconds, failed = np.asarray(split.seconds, np.int64), np.asarray(split.failed)
   gap = np.concatenate([[False], np.diff(seconds) > 255])
   bounds = np.asarray(split.probe_offsets)
   return (

@@ -57,8 +57,9 @@ kernel_cache.install()  # the cache keyed on json_scan's text too
 
 BLANK, PING, OTHER, HANDED = 0, 1, 2, 3  # what `scan_block` says of each line
 # The timestamps a row may have (docs/data_format.md): from 1970 (the token format's Unix
-# seconds are unsigned) to the end of 9999 (what `decode` and Python's datetime show).
-FIRST_SECOND, LAST_SECOND = 0, 253_402_300_799
+# seconds are unsigned) to 2106-02-07 06:28:15 UTC, the last a store's uint32 seconds keep
+# (`data.raw.schema.LAST_SECOND`, which `prepare` checks; this room imports no other).
+FIRST_SECOND, LAST_SECOND = 0, 2**32 - 1
 _MAX_NUMBER = 32
 # Needed top-level keys, in `_TOP` order; their index is the bit in an object's seen-mask.
 _TOP = (
