@@ -87,12 +87,12 @@ def _summaries(prepared_dir: str):
       yield os.path.dirname(meta_path), summary
 
 
-def _stores(prepared_dir: str, content_key: str):
+def stores(prepared_dir: str, content_key: str, version: int = store.FORMAT_VERSION):
   """(root, its train files as a set of entries, summary) of each complete store in
-  `prepared_dir` of `content_key`. Stores written before summaries kept their files' sizes
-  and times are left out."""
+  `prepared_dir` of `content_key` and store format `version`. Stores written before
+  summaries kept their files' sizes and times are left out."""
   for root, summary in _summaries(prepared_dir):
-    if summary.get("format_version") != store.FORMAT_VERSION:
+    if summary.get("format_version") != version:
       continue
     if summary.get("content_key") != content_key or "train_file_entries" not in summary:
       continue
@@ -119,14 +119,18 @@ def _folder_bytes(root: str) -> int:
 
 
 def find_base(
-  prepared_dir: str, content_key: str, train_files: list[remote.FileEntry], bounds=NO_BOUNDS
+  prepared_dir: str,
+  content_key: str,
+  train_files: list[remote.FileEntry],
+  bounds=NO_BOUNDS,
+  version: int = store.FORMAT_VERSION,
 ) -> Base | None:
-  """The complete store in `prepared_dir` of `content_key` with the most of `train_files`
-  (the fewest files to remove on a tie) that can be updated into the store of these files
-  within `bounds` (`update_window`), or None."""
+  """The complete store in `prepared_dir` of `content_key` (and store format `version`) with
+  the most of `train_files` (the fewest files to remove on a tie) that can be updated into
+  the store of these files within `bounds` (`update_window`), or None."""
   current = {tuple(e) for e in entries(train_files)}
   best, best_rank = None, None
-  for root, held, summary in _stores(prepared_dir, content_key):
+  for root, held, summary in stores(prepared_dir, content_key, version):
     kept, removed = held & current, held - current
     if not kept or (held == current and bounds_of(summary) == tuple(bounds)):
       continue
@@ -147,7 +151,7 @@ def no_base_reason(
   `find_base` found none): about the one holding the most of them; "" when there is none."""
   current = {tuple(e) for e in entries(train_files)}
   best = None
-  for root, held, summary in _stores(prepared_dir, content_key):
+  for root, held, summary in stores(prepared_dir, content_key):
     kept = held & current
     _, _, reason = update_window(summary, current, bounds)
     if kept and reason and (best is None or len(kept) > best[0]):
@@ -247,7 +251,7 @@ def superseded(
   current = {tuple(e) for e in entries(train_files)}
   return [
     root
-    for root, held, summary in _stores(prepared_dir, content_key)
+    for root, held, summary in stores(prepared_dir, content_key)
     if (held < current and bounds_of(summary) == tuple(bounds))
     or (base and os.path.abspath(root) == os.path.abspath(base))
   ]

@@ -74,12 +74,7 @@ def link_split(base: str, out: str, meta: dict) -> dict:
   allows, copied where not) with `meta` in its meta.json; its counts."""
   os.makedirs(out, exist_ok=True)
   for path in sorted(glob.glob(os.path.join(glob.escape(base), "*.npy"))):
-    target = os.path.join(out, os.path.basename(path))
-    try:
-      os.link(path, target)  # the arrays are never written again: sharing them is safe
-    except OSError:
-      with WritesTo(target):
-        shutil.copyfile(path, target)
+    link_file(path, os.path.join(out, os.path.basename(path)))
   with open(os.path.join(base, store.META_FILE), encoding="utf-8") as f:
     base_meta = json.load(f)
   keep = ("format_version", "num_rows", "num_probes", "num_failed", "hashed_order")
@@ -89,6 +84,16 @@ def link_split(base: str, out: str, meta: dict) -> dict:
     "probes": base_meta["num_probes"],
     "failed": base_meta["num_failed"],
   }
+
+
+def link_file(path: str, target: str) -> None:
+  """`target` as a hard link to `path` where the filesystem allows, else a copy: a store's
+  arrays are never written again, so sharing them is safe."""
+  try:
+    os.link(path, target)
+  except OSError:
+    with WritesTo(target):
+      shutil.copyfile(path, target)
 
 
 def merge_bar(rows: int, progress: bool):

@@ -32,7 +32,6 @@ import dataclasses
 import fcntl
 import functools
 import glob
-import hashlib
 import json
 import os
 import resource
@@ -50,9 +49,12 @@ from maxtext_netdata.data.prepare import (
   assemble,
   local_runner,
   merge,
+  naming,
   partition,
   summary_text,
-)
+  upgrade,
+)  # fmt: skip
+from maxtext_netdata.data.prepare.naming import content_key, fingerprint  # noqa: F401
 from maxtext_netdata.data.raw import reader
 from maxtext_netdata.data.store import remote_copy, store
 from maxtext_netdata.errors import ConfigError, DataError
@@ -66,46 +68,6 @@ class PreparedSplits:
   eval: store.PreparedStore
   summary: dict
   cached: bool
-
-
-# Config keys whose value changes the store's content.
-_CONTENT_KEYS = ("network_split", "network_test_fraction", "network_skip_bad_rows")
-
-
-def _digest(description: dict) -> str:
-  return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _description(config, eval_files: list[remote.FileEntry]) -> dict:
-  """What decides a store's content besides its train files."""
-  return {
-    "format_version": store.FORMAT_VERSION,
-    "eval_files": [dataclasses.astuple(f) for f in eval_files],
-    "hashed_order": local_runner.uses_hashed_order(config),
-    **{key: config[key] for key in _CONTENT_KEYS},
-  }
-
-
-def fingerprint(
-  config, train_files: list[remote.FileEntry], eval_files: list[remote.FileEntry]
-) -> str:
-  """Hex digest naming the store that `config` and these files produce."""
-  bounds = local_runner.time_bounds(config)
-  return _digest(
-    {
-      **_description(config, eval_files),
-      "train_files": [dataclasses.astuple(f) for f in train_files],
-      # Only when set: the stores of configs without a window keep their names.
-      **({"time_bounds": list(bounds)} if bounds != (None, None) else {}),
-    }
-  )
-
-
-def content_key(config, eval_files: list[remote.FileEntry]) -> str:
-  """Hex digest of everything in the fingerprint but the train files and the time bounds:
-  stores of one content key differ only in their train files and time bounds, so one can be
-  updated into another (`data.prepare.append`)."""
-  return _digest(_description(config, eval_files))
 
 
 def ensure_prepared(config, *, progress: bool = True) -> PreparedSplits:
@@ -170,6 +132,13 @@ def _prepare(
       cached = _open_complete(root)  # built by the process this one waited for
       if cached is not None:
         return cached
+      bounds = local_runner.time_bounds(config)
+      upgrade.convert_former(local_dir, naming.description(config, eval_files), train_files,
+                             bounds, progress)  # fmt: skip
+      converted = _open_complete(root)  # a store of the former format, of these files
+      if converted is not None:
+        converted.cached = converted.summary["cached"] = False
+        return converted
     for stale in glob.glob(os.path.join(glob.escape(local_dir), f".tmp-{fp}-*")):
       shutil.rmtree(stale, ignore_errors=True)  # a killed build's: the lock says none runs
     tmp = os.path.join(local_dir, f".tmp-{fp}-{uuid.uuid4().hex[:8]}")
@@ -299,16 +268,9 @@ def _build(config, options, train_files, eval_files, tmp, fp, progress, runner) 
   rss_start = psutil.Process().memory_info().rss
   meta = {"fingerprint": fp, "source_files": [f.uri for f in train_files]}
   counts, report, probes = _build_group(
-    config,
-    options,
-    train_files,
-    work=tmp,
-    name="train",
-    split=config.network_split,
-    meta=meta,
-    progress=progress,
-    runner=runner,
-  )
+    config, options, train_files, work=tmp, name="train", split=config.network_split, meta=meta,
+    progress=progress, runner=runner,
+  )  # fmt: skip
   if eval_files:
     eval_meta = {"fingerprint": fp, "source_files": [f.uri for f in eval_files]}
     eval_counts, eval_report, _ = _build_group(

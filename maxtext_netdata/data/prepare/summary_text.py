@@ -26,6 +26,12 @@ def format_summary(summary: dict) -> str:
     )
     span = local_runner.span_text((since, until))
     lines.append(f"window    {span}: {outside:,} valid rows outside it")
+  converted = summary.get("converted_from")
+  if converted:
+    lines.append(
+      f"converted from {converted['path']} (store format {converted['format_version']}) in"
+      f" {converted['seconds']:.2f} s: its seconds as uint32, its other files linked"
+    )
   appended = summary.get("appended")
   if appended:
     lines.append(

@@ -14,21 +14,12 @@ import pytest
 
 from maxtext_netdata import cli, config
 from maxtext_netdata.data.prepare import prepare, summary_text
-from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.errors import ConfigError, DataError
 from tests.data.prepare.test_partition import _prepare_process, _wait_stopped
 from tests.data.prepare.test_prepare import good_table, make_config, with_column
 
 # 256 MiB: the smallest budget, 65,536-row batches, so each merge here takes several.
 SMALL = "network_prepare_memory_mb=256"
-
-
-@pytest.fixture(scope="module")
-def days(tmp_path_factory):
-  """Four time-ordered files ("days") of 200,000 rows in all."""
-  return generate(
-    str(tmp_path_factory.mktemp("days")), rows=200_000, shards=4, seed=3, progress=False
-  )
 
 
 def tree(root: str) -> dict:
