@@ -40,7 +40,11 @@ from collections.abc import Callable
 import numpy as np
 
 from maxtext_netdata.data.store import dst_table
-from maxtext_netdata.data.store.memory import memory_cgroups, usable_memory  # noqa: F401
+from maxtext_netdata.data.store.memory import (  # noqa: F401
+  memory_cgroups,
+  page_cache_room,
+  usable_memory,
+)
 from maxtext_netdata.errors import DataError, WritesTo
 
 FORMAT_VERSION = 4
@@ -78,7 +82,8 @@ META_FILE = "meta.json"
 # a store that fits in memory is soon all in page cache); "random", MADV_RANDOM (a fault reads
 # its own page: for a store larger than memory, whose rows the loader reads at random, the
 # read-around reads mostly what no batch needs). "auto" picks "random" for a split whose row
-# files take more than RANDOM_ABOVE times the memory (`usable_memory`). Measured with
+# files take more than RANDOM_ABOVE times the memory page cache may take (`page_cache_room`:
+# the memory less what processes hold, which the cache cannot take). Measured with
 # `benchmarks/bench_store_access.py --memory-limit` (docs/prepare.md): 5.3x the batches with
 # "random" when the rows do not fit, 34x with "normal" for the first 20 s when they do. With
 # "random" the loader also reads the next batches' rows ahead (`read_ahead`).
@@ -122,15 +127,15 @@ class PreparedStore:
   def with_access(self, access: str, memory: int | None = None) -> PreparedStore:
     """This split, its row arrays read the way `access` says (ACCESS, or "auto": "random"
     when its row files take more than RANDOM_ABOVE of `memory` bytes, by default
-    `usable_memory()`)."""
+    `page_cache_room()`: the memory page cache may take now)."""
     if access == "auto":
-      memory = usable_memory() if memory is None else memory
+      memory = page_cache_room() if memory is None else memory
       rows = self.row_bytes()
       access = "random" if rows > RANDOM_ABOVE * memory else "normal"
       if access == "random":
         print(
-          f"network_grain: {self.path}: rows {rows / 2**30:,.1f} GiB, memory"
-          f" {memory / 2**30:,.1f} GiB: read at random, ahead of the batches"
+          f"network_grain: {self.path}: rows {rows / 2**30:,.2f} GiB, room for page cache"
+          f" {memory / 2**30:,.2f} GiB: read at random, ahead of the batches"
           " (network_store_access=auto)",
           file=sys.stderr,
         )

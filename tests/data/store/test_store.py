@@ -211,6 +211,7 @@ def test_a_store_read_at_random_advises_its_row_maps_only_and_keeps_it_when_pick
   assert capsys.readouterr().err == ""
   assert normal.with_access("normal") is normal
   assert 0 < store.usable_memory() <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  assert 0 < store.page_cache_room() <= store.usable_memory()
   with pytest.raises(ValueError, match="access 'fast'"):
     store.PreparedStore(normal.path, "fast")
 
