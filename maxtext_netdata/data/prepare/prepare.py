@@ -132,13 +132,6 @@ def _prepare(
       cached = _open_complete(root)  # built by the process this one waited for
       if cached is not None:
         return cached
-      bounds = local_runner.time_bounds(config)
-      upgrade.convert_former(local_dir, naming.description(config, eval_files), train_files,
-                             bounds, progress)  # fmt: skip
-      converted = _open_complete(root)  # a store of the former format, of these files
-      if converted is not None:
-        converted.cached = converted.summary["cached"] = False
-        return converted
     for stale in glob.glob(os.path.join(glob.escape(local_dir), f".tmp-{fp}-*")):
       shutil.rmtree(stale, ignore_errors=True)  # a killed build's: the lock says none runs
     tmp = os.path.join(local_dir, f".tmp-{fp}-{uuid.uuid4().hex[:8]}")
@@ -148,13 +141,17 @@ def _prepare(
         copied_from = shared_root
       else:
         base, key = None, content_key(config, eval_files)
-        if not force and append.appendable(config):
-          bounds = local_runner.time_bounds(config)
+        bounds, appendable = local_runner.time_bounds(config), append.appendable(config)
+        summary = None if force else upgrade.upgrade(
+          local_dir, tmp, naming.description(config, eval_files), train_files, bounds,
+          bases=appendable, progress=progress,
+        )  # fmt: skip
+        if summary is None and not force and appendable:
           base = append.find_base(local_dir, key, train_files, bounds)
           why = "" if base else append.no_base_reason(local_dir, key, train_files, bounds)
           if why and progress:
             print(f"prepare: building in full: {why}", file=sys.stderr)
-        if base is None and progress:
+        if summary is None and base is None and progress:
           for old, version, size in append.former_formats(local_dir):
             print(
               f"prepare: {old} is a store of format {version}, which this code does not read"
@@ -162,8 +159,9 @@ def _prepare(
               " needs it",
               file=sys.stderr,
             )
-        build = _build if base is None else functools.partial(_append, base=base)
-        summary = build(config, options, train_files, eval_files, tmp, fp, progress, runner)
+        if summary is None:
+          build = _build if base is None else functools.partial(_append, base=base)
+          summary = build(config, options, train_files, eval_files, tmp, fp, progress, runner)
         store.write_json(os.path.join(tmp, store.META_FILE), summary)
         if shared_root:
           remote_copy.upload(tmp, shared_root, options)

@@ -21,6 +21,7 @@ is not converted: the build reads the files, whose such rows are bad rows now.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -40,98 +41,106 @@ FORMER = 3  # the format this code converts
 _CHUNK_ROWS = 1 << 24  # seconds converted at a time: 192 MiB of buffers
 
 
-def convert_former(
+def upgrade(
   prepared_dir: str,
+  out: str,
   content: dict,
   train_files: list[remote.FileEntry],
   bounds: tuple,
+  *,
+  bases: bool,
   progress: bool,
-) -> str | None:
-  """Converts the format-3 store in `prepared_dir` that serves the current files best (see
-  the module's docstring) into a format-4 store beside it; its folder, or None when there
-  is none to convert (or it holds a time format 4 does not keep). `content` is the current
-  content description (`naming.description`), `bounds` the time bounds.
+) -> dict | None:
+  """The format-3 store in `prepared_dir` of the current content (`content`: the
+  description `naming.description` gives, of format 4), files and time `bounds`, converted
+  into the folder `out`: its summary (`out` holds all but the summary's file). Failing
+  such a store, and with `bases` (a store can be appended to), the one `append.find_base`
+  would take is converted into the format-4 store of its own files, beside it; None.
+  None too for a store holding a time that format 4 does not keep (said on stderr).
   """
   former_key = naming.digest({**content, "format_version": FORMER})
   current = {tuple(e) for e in append.entries(train_files)}
-  exact = [
-    (root, summary)
-    for root, held, summary in append.stores(prepared_dir, former_key, FORMER)
-    if held == current and append.bounds_of(summary) == tuple(bounds)
-  ]
-  if exact:
-    root, summary = exact[0]
-  else:
-    base = append.find_base(prepared_dir, former_key, train_files, bounds, version=FORMER)
-    if base is None:
-      return None
-    root, summary = base.root, base.summary
-  entries = summary["train_file_entries"]
-  fp = naming.fingerprint_of(content, entries, append.bounds_of(summary))
+  for root, held, summary in append.stores(prepared_dir, former_key, FORMER):
+    if held == current and append.bounds_of(summary) == tuple(bounds):
+      return _converted(root, summary, out, content, progress)
+  base = bases and append.find_base(prepared_dir, former_key, train_files, bounds, version=FORMER)
+  if not base:
+    return None
+  entries, base_bounds = base.summary["train_file_entries"], append.bounds_of(base.summary)
+  fp = naming.fingerprint_of(content, entries, base_bounds)
   target = os.path.join(prepared_dir, fp)
-  if os.path.exists(os.path.join(target, store.META_FILE)):
-    return target
-  tmp = os.path.join(prepared_dir, f".tmp-{fp}-{uuid.uuid4().hex[:8]}")
-  began = time.perf_counter()
-  try:
-    if not _convert(root, tmp, fp, progress):
-      if progress:
-        print(
-          f"prepare: {root} (store format {FORMER}) holds a time before 1970 or after"
-          " 2106-02-07 06:28:15 UTC, which format 4 does not keep: building in full",
-          file=sys.stderr,
-        )
-      return None
-    summary = {
-      **summary,
-      "format_version": store.FORMAT_VERSION,
-      "fingerprint": fp,
-      "content_key": naming.digest(content),
-      "converted_from": {
-        "path": root,
-        "format_version": FORMER,
-        "seconds": round(time.perf_counter() - began, 3),
-      },
-    }
-    store.write_json(os.path.join(tmp, store.META_FILE), summary)
+  if not os.path.exists(os.path.join(target, store.META_FILE)):
+    tmp = os.path.join(prepared_dir, f".tmp-{fp}-{uuid.uuid4().hex[:8]}")
     try:
-      os.rename(tmp, target)
-    except OSError:  # made meanwhile by another process: that one stands
-      pass
-    return target if os.path.exists(os.path.join(target, store.META_FILE)) else None
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+      summary = _converted(base.root, base.summary, tmp, content, progress)
+      if summary is not None:
+        store.write_json(os.path.join(tmp, store.META_FILE), summary)
+        with contextlib.suppress(OSError):  # made meanwhile by another process: it stands
+          os.rename(tmp, target)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+  return None
+
+
+def _converted(root: str, summary: dict, out: str, content: dict, progress: bool) -> dict | None:
+  """The format-3 store `root` (of `summary`) converted into `out`, all but the summary's
+  file; the summary, or None (said on stderr) if it holds a time format 4 does not keep."""
+  fp = naming.fingerprint_of(content, summary["train_file_entries"], append.bounds_of(summary))
+  began = time.perf_counter()
+  if not _convert(root, out, fp, progress):
+    if progress:
+      print(
+        f"prepare: {root} (store format {FORMER}) holds a time before 1970 or after"
+        " 2106-02-07 06:28:15 UTC, which format 4 does not keep: building in full",
+        file=sys.stderr,
+      )
+    return None
+  return {
+    **summary,
+    "format_version": store.FORMAT_VERSION,
+    "fingerprint": fp,
+    "content_key": naming.digest(content),
+    "converted_from": {
+      "path": root,
+      "format_version": FORMER,
+      "seconds": round(time.perf_counter() - began, 3),
+    },
+  }
 
 
 def _convert(root: str, out: str, fp: str, progress: bool) -> bool:
-  """The format-3 store `root` as a format-4 store in `out` (all but its summary); False if
-  a second is outside what uint32 keeps."""
+  """The format-3 store `root` as a format-4 store in `out` (all but its summary); False,
+  and `out` removed, if a second is outside what uint32 keeps. Every split's seconds are
+  converted before any file is linked: a folder left with links in it would be written
+  through them by the build that follows, into the old store's files."""
   splits = sorted(
     name for name in os.listdir(root) if os.path.isfile(os.path.join(root, name, store.META_FILE))
   )
   rows = sum(_meta(os.path.join(root, name))["num_rows"] for name in splits)
-  with tqdm.tqdm(
+  bar = tqdm.tqdm(
     total=rows,
     desc=f"prepare: converting store format {FORMER}",
     unit="row",
     unit_scale=True,
     disable=not progress,
-  ) as bar:
+  )
+  with bar:
     for name in splits:
-      source, split = os.path.join(root, name), os.path.join(out, name)
-      os.makedirs(split)
-      for entry in sorted(os.listdir(source)):
-        path = os.path.join(source, entry)
-        if entry in ("seconds.npy", store.META_FILE) or not os.path.isfile(path):
-          continue  # plans/ too: a plan is made again by the first run that needs it
-        merge.link_file(path, os.path.join(split, entry))
-      if not _seconds(os.path.join(source, "seconds.npy"), os.path.join(split, "seconds.npy"), bar):
+      os.makedirs(os.path.join(out, name), exist_ok=True)
+      if not _seconds(*(os.path.join(at, name, "seconds.npy") for at in (root, out)), bar):
+        shutil.rmtree(out, ignore_errors=True)
         return False
-      meta = _meta(source)
-      store.write_json(
-        os.path.join(split, store.META_FILE),
-        {**meta, "format_version": store.FORMAT_VERSION, "fingerprint": fp},
-      )
+  for name in splits:
+    source, split = os.path.join(root, name), os.path.join(out, name)
+    for entry in sorted(os.listdir(source)):
+      path = os.path.join(source, entry)
+      if entry in ("seconds.npy", store.META_FILE) or not os.path.isfile(path):
+        continue  # plans/ too: a plan is made again by the first run that needs it
+      merge.link_file(path, os.path.join(split, entry))
+    store.write_json(
+      os.path.join(split, store.META_FILE),
+      {**_meta(source), "format_version": store.FORMAT_VERSION, "fingerprint": fp},
+    )
   return True
 
 
