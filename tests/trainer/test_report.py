@@ -71,3 +71,28 @@ def test_ratio_goal_is_missed_only_beyond_two_standard_errors(network_step, erro
   spread = 2 * ratio * math.hypot(error / network_step, error / 0.100)
   expected = f"ratio network/synthetic: {ratio:.3f} ± {spread:.3f} (goal <= 1.03: {verdict})"
   assert expected in "\n".join(lines)
+
+
+def test_a_baseline_in_two_halves_around_the_run_cancels_a_steady_drift(tmp_path, capsys):
+  """The machine slows steadily: the baseline's half before the run takes 90 ms a step, the
+  half after 110, the run 100 between them. Against either half alone the ratio would be 1.11
+  (MISSED) or 0.91; against their mean it is 1.00."""
+  network = _summary(0.100, 0.0, median_step_time_se_s=0.001, eval_loss=2.0,
+                     eval_rtt_loss=3.5, eval_rtt_unigram_loss=4.2)  # fmt: skip
+  before = _summary(0.090, 0.0, median_step_time_se_s=0.001, steps=150)
+  after = _summary(0.110, 0.01, median_step_time_se_s=0.002, steps=150)
+  after["metrics_path"] = "runs/y/metrics.jsonl"
+  baseline = report.pooled(before, after)
+  assert baseline["median_step_time_s"] == pytest.approx(0.100)
+  assert baseline["median_step_time_se_s"] == pytest.approx(math.hypot(0.001, 0.002) / 2)
+  assert baseline["mean_step_time_s"] == pytest.approx(0.150)
+  assert baseline["data_wait_share"] == pytest.approx(0.005)
+  paths = []
+  for name, summary in (("network", network), ("before", before), ("after", after)):
+    paths.append(tmp_path / f"{name}.json")
+    paths[-1].write_text(json.dumps(summary))
+  assert report.main([str(p) for p in paths]) == 0
+  out = capsys.readouterr().out
+  assert "100.0  (mean of 90.0 before, 110.0 after)" in out
+  assert "ratio network/synthetic: 1.000 ± " in out and "(goal <= 1.03: ok)" in out
+  assert "baseline:    runs/x/metrics.jsonl, runs/y/metrics.jsonl" in out
