@@ -1,13 +1,18 @@
 """The names of stores: a store's folder is its fingerprint, a digest of everything its
 content depends on (`fingerprint`); stores that differ only in their train files and time
 bounds share a content key (`content_key`), so one can be updated into another
-(`data.prepare.append`) or converted from the format before (`data.prepare.upgrade`)."""
+(`data.prepare.append`) or converted from the format before (`data.prepare.upgrade`). One
+process at a time builds the store of a name (`builder_lock`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
+import os
+import sys
 
 from maxtext_netdata.data import remote
 from maxtext_netdata.data.prepare import append, local_runner
@@ -59,3 +64,36 @@ def content_key(config, eval_files: list[remote.FileEntry]) -> str:
   stores of one content key differ only in their train files and time bounds, so one can be
   updated into another (`data.prepare.append`)."""
   return digest(description(config, eval_files))
+
+
+@contextlib.contextmanager
+def builder_lock(prepared_dir: str, fp: str, progress: bool):
+  """Hold `<prepared_dir>/.lock-<fp>` while building: one builder per store.
+
+  `flock` is released by the kernel when the holder dies, even by SIGKILL. The holder removes
+  the file when done, so a waiter that wakes holding a removed file tries again. On a shared
+  mount it works where the filesystem supports `flock` (NFSv4, Lustre; not GCS FUSE).
+  """
+  path = os.path.join(prepared_dir, f".lock-{fp}")
+  told = False
+  while True:
+    f = open(path, "a")  # noqa: SIM115 (closed below or after the build)
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      if progress and not told:
+        print(f"prepare: another process is building store {fp}; waiting", file=sys.stderr)
+        told = True
+      fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      current = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+    except FileNotFoundError:
+      current = False
+    if current:
+      break
+    f.close()
+  try:
+    yield
+  finally:
+    os.remove(path)
+    f.close()

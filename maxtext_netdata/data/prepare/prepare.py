@@ -27,9 +27,7 @@ when absent (`data.store.remote_copy`).
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import fcntl
 import functools
 import glob
 import json
@@ -127,7 +125,7 @@ def _prepare(
       return cached
   os.makedirs(local_dir, exist_ok=True)
   copied_from = ""
-  with _builder_lock(local_dir, fp, progress):
+  with naming.builder_lock(local_dir, fp, progress):
     if not force:
       cached = _open_complete(root)  # built by the process this one waited for
       if cached is not None:
@@ -176,39 +174,6 @@ def _prepare(
   if copied_from:
     splits.summary["copied_from"] = copied_from
   return splits
-
-
-@contextlib.contextmanager
-def _builder_lock(prepared_dir: str, fp: str, progress: bool):
-  """Hold `<prepared_dir>/.lock-<fp>` while building: one builder per store.
-
-  `flock` is released by the kernel when the holder dies, even by SIGKILL. The holder removes
-  the file when done, so a waiter that wakes holding a removed file tries again. On a shared
-  mount it works where the filesystem supports `flock` (NFSv4, Lustre; not GCS FUSE).
-  """
-  path = os.path.join(prepared_dir, f".lock-{fp}")
-  told = False
-  while True:
-    f = open(path, "a")  # noqa: SIM115 (closed below or after the build)
-    try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      if progress and not told:
-        print(f"prepare: another process is building store {fp}; waiting", file=sys.stderr)
-        told = True
-      fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      current = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
-    except FileNotFoundError:
-      current = False
-    if current:
-      break
-    f.close()
-  try:
-    yield
-  finally:
-    os.remove(path)
-    f.close()
 
 
 def _open_complete(root: str) -> PreparedSplits | None:

@@ -21,7 +21,7 @@ is not converted: the build reads the files, whose such rows are bad rows now.
 
 from __future__ import annotations
 
-import contextlib
+import glob
 import json
 import os
 import shutil
@@ -69,14 +69,19 @@ def upgrade(
   entries, base_bounds = base.summary["train_file_entries"], append.bounds_of(base.summary)
   fp = naming.fingerprint_of(content, entries, base_bounds)
   target = os.path.join(prepared_dir, fp)
-  if not os.path.exists(os.path.join(target, store.META_FILE)):
+  with naming.builder_lock(prepared_dir, fp, progress):  # as a build of that store would
+    if os.path.exists(os.path.join(target, store.META_FILE)):
+      return None  # converted already (by the process this one waited for)
+    for stale in glob.glob(os.path.join(glob.escape(prepared_dir), f".tmp-{fp}-*")):
+      shutil.rmtree(stale, ignore_errors=True)  # a killed conversion's or build's
     tmp = os.path.join(prepared_dir, f".tmp-{fp}-{uuid.uuid4().hex[:8]}")
     try:
       summary = _converted(base.root, base.summary, tmp, content, progress)
       if summary is not None:
         store.write_json(os.path.join(tmp, store.META_FILE), summary)
-        with contextlib.suppress(OSError):  # made meanwhile by another process: it stands
-          os.rename(tmp, target)
+        if os.path.isdir(target):
+          shutil.rmtree(target)  # the remains of an interrupted build: no summary
+        os.rename(tmp, target)
     finally:
       shutil.rmtree(tmp, ignore_errors=True)
   return None

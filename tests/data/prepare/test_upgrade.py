@@ -90,9 +90,13 @@ def test_a_format_3_base_is_converted_then_appended_to(days, tmp_path):
   cfg = make_config(tmp_path / "prep", days[:3])
   base = prepare.prepare(make_config(tmp_path / "base", days[:2]), progress=False)
   old = as_format_3(base, tmp_path / "prep", cfg)
+  fp = base.summary["fingerprint"]  # the base's name in format 4
+  stale = tmp_path / "prep" / f".tmp-{fp}-killed"  # a conversion killed midway
+  stale.mkdir()
   appended = prepare.prepare(cfg, progress=False)
   made_from = appended.summary["appended"]["base"]
-  assert made_from != old and os.path.isdir(made_from)  # the converted base, beside the old
+  assert made_from == str(tmp_path / "prep" / fp)  # the converted base, beside the old
+  assert not stale.exists() and not os.path.exists(tmp_path / "prep" / f".lock-{fp}")
   assert json.load(open(os.path.join(made_from, store.META_FILE)))["converted_from"]["path"] == old
   full = prepare.prepare(make_config(tmp_path / "full", days[:3]), progress=False)
   assert_same_store(appended, full)
