@@ -13,8 +13,9 @@ content key but for the format) is converted first:
   store of its own files, which the update then starts from (a day appended to last
   month's store keeps working across the format change).
 
-Each other file is hard-linked (copied where the filesystem cannot link: `merge.link_file`), so the conversion adds
-4 bytes a row of disk and the old store stays readable by the code that wrote it. A store
+Each other file is hard-linked (copied where the filesystem cannot link: `merge.link_file`),
+so the conversion adds 4 bytes a row of disk and the old store stays readable by the code
+that wrote it. A base is converted under the lock a build of its store would hold. A store
 with a time outside 1970 ... 2106-02-07 06:28:15 UTC (format 3 took them; format 4 does not)
 is not converted: the build reads the files, whose such rows are bad rows now.
 """
