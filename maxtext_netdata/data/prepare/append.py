@@ -100,9 +100,9 @@ def stores(prepared_dir: str, content_key: str, version: int = store.FORMAT_VERS
 
 
 def former_formats(prepared_dir: str) -> list[tuple[str, object, int]]:
-  """(root, format version, bytes) of each complete store in `prepared_dir` of a format this
-  code does not read: never a base, never pruned (an older version of this code may still
-  read it), and as large as the store that replaces it."""
+  """(root, format version, bytes its deletion frees) of each complete store in
+  `prepared_dir` of a format this code does not read: never a base, never pruned (an older
+  version of this code may still read it)."""
   return [
     (root, summary.get("format_version"), _folder_bytes(root))
     for root, summary in _summaries(prepared_dir)
@@ -111,11 +111,14 @@ def former_formats(prepared_dir: str) -> list[tuple[str, object, int]]:
 
 
 def _folder_bytes(root: str) -> int:
-  return sum(
-    os.path.getsize(os.path.join(folder, name))
-    for folder, _, names in os.walk(root)
-    for name in names
-  )
+  """The bytes that deleting folder `root` frees: files hard-linked elsewhere (a split linked
+  into a newer store, a store converted to this format) are not counted."""
+  size = 0
+  for folder, _, names in os.walk(root):
+    for name in names:
+      stat = os.stat(os.path.join(folder, name))
+      size += stat.st_size if stat.st_nlink == 1 else 0
+  return size
 
 
 def find_base(
@@ -261,11 +264,7 @@ def remove_store(root: str) -> int:
   """Remove the store folder `root`; the bytes freed (files hard-linked elsewhere, such as an
   eval split linked into the store that supersedes it, are not). Renamed first to a temporary
   name, so no process takes it for a complete store while its files go."""
-  size = 0
-  for folder, _, names in os.walk(root):
-    for name in names:
-      stat = os.stat(os.path.join(folder, name))
-      size += stat.st_size if stat.st_nlink == 1 else 0
+  size = _folder_bytes(root)
   parent, name = os.path.split(root)
   doomed = os.path.join(parent, f".tmp-{name}-pruned")
   os.rename(root, doomed)

@@ -153,8 +153,8 @@ def _prepare(
           for old, version, size in append.former_formats(local_dir):
             print(
               f"prepare: {old} is a store of format {version}, which this code does not read"
-              f" ({size / 1e6:,.1f} MB): delete it once no older version of this code"
-              " needs it",
+              f" (deleting it frees {size / 1e6:,.1f} MB): delete it once no older version"
+              " of this code needs it",
               file=sys.stderr,
             )
         if summary is None:

@@ -130,12 +130,14 @@ def test_a_store_of_a_former_format_is_named_not_read_or_removed(tmp_path, raw_f
   old = tmp_path / "0123456789abcdef"
   (old / "train").mkdir(parents=True)
   (old / "train" / "dst.npy").write_bytes(b"x" * 3 * 2**20)
+  (tmp_path / "elsewhere.npy").write_bytes(b"y" * 2**20)  # linked: deleting frees nothing
+  os.link(tmp_path / "elsewhere.npy", old / "train" / "probe_src.npy")
   store.write_json(str(old / store.META_FILE), {"format_version": 2})
   built = prepare.prepare(make_config(tmp_path, raw_files), progress=True)
   said = [line for line in capsys.readouterr().err.splitlines() if "format 2" in line]
   assert said == [
-    f"prepare: {old} is a store of format 2, which this code does not read (3.1 MB): delete"
-    " it once no older version of this code needs it"
+    f"prepare: {old} is a store of format 2, which this code does not read (deleting it frees"
+    " 3.1 MB): delete it once no older version of this code needs it"
   ]
   assert not built.cached and old.is_dir()
   again = prepare.prepare(make_config(tmp_path, raw_files), progress=True)
