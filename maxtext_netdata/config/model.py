@@ -254,7 +254,8 @@ class ConfigModel(BaseModel):
     description="how the loader reads the store's rows from disk: normal (a fault reads the"
     " pages around it: fills page cache fast), random (madvise MADV_RANDOM: its page only,"
     " for a store larger than memory, read at random; the next batches' rows asked for"
-    " ahead); auto: random when the rows exceed the memory",
+    " ahead); auto: random when the rows exceed the memory page cache may take (what"
+    " processes hold left out)",
   )
   network_split: Literal["probe", "time"] = Field(
     "probe", description="probe: test set = probes by stable address hash; time: the latest rows"
