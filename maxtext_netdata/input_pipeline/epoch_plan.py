@@ -38,6 +38,7 @@ import os
 
 import numpy as np
 
+from maxtext_netdata.data.store import shared_arrays
 from maxtext_netdata.data.store import store as store_lib
 from maxtext_netdata.format import tokens as tk
 from maxtext_netdata.input_pipeline import plan_order, rng
@@ -246,7 +247,7 @@ def plan_epoch(
   """The plan of one epoch (see the module docstring).
 
   For a prepared store (`stats.plans_dir`) the plan is computed by one process and kept beside
-  the store (`store.cached_arrays`), and every process and Grain worker maps it: one copy in
+  the store (`shared_arrays.cached_arrays`), and every process and Grain worker maps it: one copy in
   page cache, not one per worker, and one computation at each epoch boundary. Plans of this
   key more than one epoch behind, and plans made by other code (a folder's name starts with
   the planner's code digest), are deleted as a new one is written; other keys of this code
@@ -266,7 +267,7 @@ def plan_epoch(
     # keeps its pages.
     return not name.startswith(f"{_code_digest().hex()[:_CODE_CHARS]}-")
 
-  arrays = store_lib.cached_arrays(
+  arrays = shared_arrays.cached_arrays(
     stats.plans_dir,
     f"{key}-e{epoch}",
     lambda: dataclasses.asdict(_plan_epoch(stats, **params)),

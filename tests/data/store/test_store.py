@@ -14,7 +14,7 @@ import pytest
 
 from maxtext_netdata.data.prepare import partition, probes
 from maxtext_netdata.data.raw import schema
-from maxtext_netdata.data.store import store
+from maxtext_netdata.data.store import shared_arrays, store
 from maxtext_netdata.errors import DataError
 
 
@@ -362,7 +362,7 @@ def _slow_compute(log: str) -> dict:
 
 
 def _cached_in_child(folder: str, log: str, out: str) -> None:
-  arrays = store.cached_arrays(folder, "k", lambda: _slow_compute(log))
+  arrays = shared_arrays.cached_arrays(folder, "k", lambda: _slow_compute(log))
   np.save(out, arrays["a"])
 
 
@@ -381,13 +381,15 @@ def test_cached_arrays_are_computed_once_and_mapped_by_every_process(tmp_path):
   assert open(log).read() == "computed\n"  # one process computed, the others waited
   for i in range(3):
     np.testing.assert_array_equal(np.load(tmp_path / f"{i}.npy"), np.arange(1000))
-  mapped = store.cached_arrays(folder, "k", lambda: pytest.fail("computed again"))
+  mapped = shared_arrays.cached_arrays(folder, "k", lambda: pytest.fail("computed again"))
   assert isinstance(mapped["a"], np.memmap) and mapped["b"].shape == (10, 2)
   # Writing another key prunes what `prune` names; an unwritable folder computes in place.
-  store.cached_arrays(folder, "k2", lambda: {"a": np.zeros(1)}, prune=lambda name: name == "k")
+  shared_arrays.cached_arrays(
+    folder, "k2", lambda: {"a": np.zeros(1)}, prune=lambda name: name == "k"
+  )
   assert sorted(n for n in os.listdir(folder) if not n.startswith(".")) == ["k2"]
   (tmp_path / "file").write_text("")
-  plain = store.cached_arrays(str(tmp_path / "file" / "x"), "k", lambda: {"a": np.ones(3)})
+  plain = shared_arrays.cached_arrays(str(tmp_path / "file" / "x"), "k", lambda: {"a": np.ones(3)})
   assert not isinstance(plain["a"], np.memmap) and plain["a"].sum() == 3
 
 
@@ -427,7 +429,7 @@ def test_epoch_plans_are_kept_beside_the_store_and_mapped(sample_dir, tmp_path):
   former = os.path.join(plans_dir, "0123456789abcdef-e0")
   os.makedirs(former)
   np.save(os.path.join(former, "context_offsets.npy"), np.zeros(3, dtype=np.int64))
-  mine = next(n for n in os.listdir(plans_dir) if n.endswith("-e0"))
+  mine = next(n for n in os.listdir(plans_dir) if n.endswith("-e0") and not n.startswith("."))
   other_code = os.path.join(plans_dir, f"{'0' * 8}{mine[8:-1]}1")
   shutil.copytree(os.path.join(plans_dir, mine), other_code)
   open(os.path.join(plans_dir, f".lock-{os.path.basename(other_code)}"), "w").close()
