@@ -66,8 +66,8 @@ ROW_FILES = {
   "seconds": (np.uint32, ()),
 }
 # The last second a store keeps, 2106-02-07 06:28:15 UTC; the first is 0 (1970). The reader
-# (`data.raw.schema`) takes no row outside them: a bad row.
-SECONDS_MAX = 2**32 - 1
+# (`data.raw.schema.LAST_SECOND`) and `ingest` take no row outside them: a bad row.
+SECONDS_MAX = int(np.iinfo(ROW_FILES["seconds"][0]).max)
 TABLE_ARRAYS = {dst_table.TABLE: (np.uint8, (16,))}  # leading dimension: the table's own
 # Per-probe statistics the epoch planner needs, counted once by prepare (`probe_counts`).
 STATS_ARRAYS = ("probe_failed", "probe_long_gaps")

@@ -14,6 +14,7 @@ import pytest
 from maxtext_netdata import cli, config
 from maxtext_netdata.data.prepare import prepare, summary_text
 from maxtext_netdata.data.raw import addresses, schema
+from maxtext_netdata.data.ripe.scanner import kernel as scanner_kernel
 from maxtext_netdata.data.store import store
 from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.errors import DataError
@@ -301,6 +302,9 @@ def test_skip_mode_drops_and_counts_bad_rows(tmp_path):
 def test_a_store_keeps_times_from_1970_to_2106_and_no_other(tmp_path):
   """A store's seconds are uint32: the reader refuses a time before 1970 or after
   2106-02-07 06:28:15 UTC (a bad row, never a wrapped time), and keeps the last one exactly."""
+  # One bound for the store, the raw reader and ingest's scanner (rooms that import none of
+  # the others): each keeps its own constant.
+  assert schema.LAST_SECOND == store.SECONDS_MAX == scanner_kernel.LAST_SECOND == 2**32 - 1
   seconds = np.arange(50) + 1_751_328_000
   seconds[[3, 4]] = schema.LAST_SECOND  # the last second a store keeps (probe 192.0.2.3, .4)
   seconds[[7, 9]] = schema.LAST_SECOND + 1, -1
