@@ -82,11 +82,9 @@ def pooled(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
   of their medians (and of the other figures; the mean step time weighted by steps), its
   standard error the two combined, both metrics files named."""
   out = dict(before)
-  for key in ("median_step_time_s", "real_tokens_per_s", "data_wait_share", "padding_share"):
+  means = ("median_step_time_s", "real_tokens_per_s", "data_wait_share", "padding_share")
+  for key in (*means, "logger_write_s_per_step"):
     out[key] = (before[key] + after[key]) / 2
-  out["logger_write_s_per_step"] = (
-    before["logger_write_s_per_step"] + after["logger_write_s_per_step"]
-  ) / 2
   steps = [run.get("steps", 1) for run in (before, after)]
   out["mean_step_time_s"] = (
     before["mean_step_time_s"] * steps[0] + after["mean_step_time_s"] * steps[1]

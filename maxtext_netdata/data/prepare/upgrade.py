@@ -159,10 +159,11 @@ def _seconds(source: str, target: str, bar) -> bool:
   with WritesTo(target), open(target, "wb") as f:
     np.lib.format.write_array_header_1_0(f, header)
     for lo in range(0, len(seconds), _CHUNK_ROWS):
-      chunk = np.asarray(seconds[lo : lo + _CHUNK_ROWS])
-      if int(chunk.min()) < 0 or int(chunk.max()) > store.SECONDS_MAX:
+      try:
+        chunk = store.seconds_for_file(seconds[lo : lo + _CHUNK_ROWS])
+      except ValueError:  # outside 0 ... SECONDS_MAX
         return False
-      f.write(chunk.astype(np.uint32).view(np.uint8))
+      f.write(chunk.view(np.uint8))
       bar.update(len(chunk))
   return True
 
