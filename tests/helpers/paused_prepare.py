@@ -2,7 +2,7 @@
 prepare stopping itself (SIGSTOP) at STAGE, so that a test can kill it at a known point.
 
 The stages wrap the real functions at the boundaries between prepare's steps:
-- `reading`: one input file read and spilled (`partition.read_partitioned` exhausted);
+- `reading`: one input file read and spilled (`partition.read_chunks` exhausted);
 - `partitioned`: every file spilled (`local_runner.spill` returned);
 - `sorted`: the first sorted bucket written into the splits (`assemble.Assembler.add`);
 - `assembled`: every split written, the summary not yet (`prepare._summary` called);
@@ -41,13 +41,13 @@ def _after_first(function):
 
 def _install(stage: str) -> None:
   if stage == "reading":
-    read = partition.read_partitioned
+    read = partition.read_chunks
 
     def read_then_stop(*args, **kwargs):
       yield from read(*args, **kwargs)
       _stop()
 
-    partition.read_partitioned = read_then_stop
+    partition.read_chunks = read_then_stop
   elif stage == "partitioned":
     local_runner.spill = _after_first(local_runner.spill)
   elif stage == "sorted":

@@ -2,7 +2,8 @@
 
     maxtext-netdata prepare CONFIG [key=value ...] --runner beam [-- BEAM PIPELINE OPTIONS]
 
-read each file in batches and partition its rows by probe bucket (`partition.read_partitioned`) → GroupByKey on the bucket → sort each bucket and write it as a piece
+read each file in batches and partition its rows by probe bucket (`partition.read_chunks`, a file's batches
+gathered by `partition.Gather`) → GroupByKey on the bucket → sort each bucket and write it as a piece
 (`local_runner.sort_and_write`). The functions are the built-in runner's, so both build
 byte-identical stores; listing, the builder lock, assembling the pieces into the store and
 caching stay in `data.prepare.prepare`. Beam's DirectRunner runs it unless the options after `--`
@@ -38,6 +39,7 @@ def runner(beam_args: list[str]):
       "hashed": local_runner.uses_hashed_order(config),
       "skip_bad": config.network_skip_bad_rows,
       "bounds": local_runner.time_bounds(config),
+      "gather_rows": partition.gather_rows(buckets, config.network_prepare_memory_mb),
     }
     pipeline_options = PipelineOptions(beam_args or ["--runner=DirectRunner"])
     with (
@@ -71,17 +73,20 @@ def _read_and_partition(indexed, options, settings, reports_dir):
   index, entry = indexed
   metadata = reader.check_files([entry], options)[0]
   report = reader.ReadReport()
-  for bucket, chunk in partition.read_partitioned(
+  gather = partition.Gather(settings["buckets"], settings["gather_rows"])
+  chunks = partition.read_chunks(
     entry,
     metadata,
     options,
-    buckets=settings["buckets"],
     hashed=settings["hashed"],
     skip_bad=settings["skip_bad"],
     report=report,
     bounds=settings["bounds"],
-  ):
-    yield bucket, chunk.to_bytes()
+  )
+  for parts in (*map(gather.add, chunks), gather.flush()):
+    if parts is not None:
+      for bucket, chunk in parts.chunks():
+        yield bucket, chunk.to_bytes()
   result = {"uri": entry.uri, "report": report.files[entry.uri].to_json()}
   with open(os.path.join(reports_dir, f"{index:06d}.json"), "w", encoding="utf-8") as f:
     json.dump(result, f)

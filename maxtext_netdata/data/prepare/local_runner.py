@@ -1,6 +1,6 @@
 """The built-in runner of `prepare`: this process reads, spills, sorts and assembles.
 
-Rows are partitioned by probe bucket (`partition.partition`) into one spill file per bucket
+Rows are partitioned by probe bucket (`partition.Gather`) into one spill file per bucket
 (`SpillWriter`, the runner's GroupByKey), then one bucket at a time is read back and sorted
 (`partition.order_bucket`). For the probe split and eval files each sorted bucket goes straight
 into the splits (`build`); for the time split, whose cutoff needs every row's time first, each
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import datetime
 import os
+import resource
 import shutil
 
 import numpy as np
 import tqdm
 
 from maxtext_netdata.config import iso_seconds
-from maxtext_netdata.data.prepare import assemble, partition
+from maxtext_netdata.data.prepare import assemble, partition, row_kernels
 from maxtext_netdata.data.raw import reader
 from maxtext_netdata.data.store import store
 from maxtext_netdata.errors import ConfigError, DataError, WritesTo
@@ -57,32 +58,43 @@ def span_text(bounds) -> str:
 
 
 def spill(config, options, files, metadata, *, buckets, folder, progress, on_chunk=None):
-  """Read and partition every file into a `SpillWriter`: (the writer, read report)."""
+  """Read and partition every file into a `SpillWriter`: (the writer, read report).
+
+  The batches of all files are gathered (`partition.Gather`, one bucket's rows of the memory
+  budget at a time) before they are split by bucket, so a bucket's file gets one record per
+  gathering, not one per batch. `on_chunk` sees each batch's chunk.
+  """
   writer = SpillWriter(folder, buckets)
   report = reader.ReadReport()
   with_order, skip_bad = uses_hashed_order(config), config.network_skip_bad_rows
   bounds = time_bounds(config)
+  gather = partition.Gather(
+    buckets, partition.gather_rows(buckets, config.network_prepare_memory_mb)
+  )
   total = sum(m.num_rows for m in metadata)
+
   with tqdm.tqdm(
     total=total, desc="prepare: read", unit="row", unit_scale=True, disable=not progress
   ) as bar:
     try:
       for entry, file_metadata in zip(files, metadata, strict=True):
-        parts = partition.read_partitioned(
+        for chunk in partition.read_chunks(
           entry,
           file_metadata,
           options,
-          buckets=buckets,
           hashed=with_order,
           skip_bad=skip_bad,
           report=report,
           on_rows=bar.update,
           bounds=bounds,
-        )
-        for bucket, chunk in parts:
-          writer.add(bucket, chunk)
+        ):
           if on_chunk is not None:
             on_chunk(chunk)
+          if writer.held is not None:  # one bucket: the batch is its chunk
+            writer.held.append(chunk)
+          else:
+            writer.add(gather.add(chunk))
+      writer.add(gather.flush())
     finally:
       writer.close()
   return writer, report
@@ -167,31 +179,61 @@ class SpillWriter:
 
   With one bucket the chunks stay in memory instead: the bucket is read back whole anyway,
   and the memory budget that allowed one bucket counts its rows.
+
+  A bucket's file stays open while chunks come when the process may hold that many files
+  (RIPE Atlas's month at the default memory is ~17,500 buckets; the soft limit, often 1024,
+  is raised toward the hard one for the writer's life); past that, each chunk's file is
+  opened to append and closed again.
   """
 
   def __init__(self, folder: str, buckets: int):
     os.makedirs(folder, exist_ok=True)
     self.folder = folder
     self.rows = [0] * buckets
-    self.files: dict[int, object] = {}
+    self.keys = [0] * buckets
+    self.hashed = False
+    self.files: dict[int, object] = {}  # the open files, when they stay open
+    self.written: set[int] = set()
     self.held: list[partition.Chunk] | None = [] if buckets == 1 else None
     self.buffers: dict[str, np.ndarray] = {}
+    self.keep_open, self.limit = True, None
+    if buckets > 1:
+      self.keep_open, self.limit = _raise_open_files(buckets + FILES_HEADROOM)
 
   def path(self, bucket: int) -> str:
     return os.path.join(self.folder, f"bucket-{bucket:05d}.bin")
 
-  def add(self, bucket: int, chunk: partition.Chunk) -> None:
-    self.rows[bucket] += len(chunk)
-    if self.held is not None:
-      self.held.append(chunk)
+  def add(self, parts: partition.Partitioned | None) -> None:
+    """Each bucket's rows of `parts` appended to its file as one record: the header (n, k,
+    hashed: int64), the bucket's probe table (keys, hashes), then its rows' probes and
+    columns (`partition.WIRE_DTYPES`), each part padded to 8 bytes (in this machine's byte
+    order: the file is read back by this process, `row_kernels.unpack_records`)."""
+    if parts is None:
       return
-    f = self.files.get(bucket)
-    if f is None:
-      f = self.files[bucket] = open(self.path(bucket), "wb")  # noqa: SIM115 (closed in close)
-    parts = chunk.parts()
-    with WritesTo(f.name):
-      f.write(sum(len(p) for p in parts).to_bytes(8, "little"))
-      f.writelines(parts)
+    self.hashed = parts.hashed
+    key_bounds, row_bounds = parts.key_bounds.tolist(), parts.row_bounds.tolist()
+    keys, hashes, probe = parts.keys, parts.hashes, parts.probe
+    columns = [parts.columns[name] for name in partition._names(parts.hashed)]
+    for i, bucket in enumerate(parts.buckets.tolist()):
+      k0, k1, r0, r1 = key_bounds[i], key_bounds[i + 1], row_bounds[i], row_bounds[i + 1]
+      self.rows[bucket] += r1 - r0
+      self.keys[bucket] += k1 - k0
+      record = [np.array([r1 - r0, k1 - k0, parts.hashed], np.int64), keys[k0:k1]]
+      record += [hashes[k0:k1], probe[r0:r1], *(c[r0:r1] for c in columns)]
+      f = self.files.get(bucket)
+      if f is None:
+        with WritesTo(self.path(bucket)):
+          f = open(self.path(bucket), "ab" if bucket in self.written else "wb")  # noqa: SIM115
+        self.written.add(bucket)
+        if self.keep_open:
+          self.files[bucket] = f
+      with WritesTo(f.name):
+        for part in record:  # each part padded to 8 bytes
+          f.write(part)
+          if part.nbytes % 8:
+            f.write(_ZEROS[: 8 - part.nbytes % 8])
+        if not self.keep_open:
+          f.close()
 
   def close(self) -> None:
     failed = None
@@ -201,26 +243,72 @@ class SpillWriter:
           f.close()  # flushes: a full disk can show here first
       except OSError as e:
         failed = failed or e
+    self.files = {}
+    if self.limit is not None:
+      resource.setrlimit(resource.RLIMIT_NOFILE, self.limit)
+      self.limit = None
     if failed is not None:
       raise failed
 
   def read(self, bucket: int) -> list[partition.Chunk]:
     """The bucket's chunks; the file is removed once read (its rows now live in memory).
 
-    From a file, the records are read straight into one chunk's preallocated arrays (no
-    intermediate buffer, no copy into place afterwards). Those arrays are this writer's
-    buffers, reused by the next read: the runner is done with a bucket before it reads the
-    next, and memory already touched costs no page faults (~40k fewer per 16M rows).
+    From a file, blocks of `SPILL_BLOCK` bytes are read and their records unpacked by a
+    compiled pass (`row_kernels.unpack_records`) into one chunk's preallocated arrays. The
+    block and the columns are this writer's, reused by the next read: the runner is done
+    with a bucket before it reads the next, and memory already touched costs no page faults
+    (~40k fewer per 16M rows).
     """
     if self.held is not None:
       chunks, self.held = self.held, []
       return chunks
-    if bucket not in self.files:
+    if bucket not in self.written:
       return []
-    with open(self.path(bucket), "rb") as f:
-      chunk = _read_records(f, self.rows[bucket], self.buffers)
-    os.remove(self.path(bucket))
-    return [chunk]
+    path, rows, hashed = self.path(bucket), self.rows[bucket], self.hashed
+    columns = {}
+    for name in partition._names(hashed):
+      dtype, tail = store.ROW_ARRAYS[name]
+      columns[name] = _buffer(self.buffers, name, dtype, (rows, *tail))
+    probe = _buffer(self.buffers, "probe", np.int32, (rows,))
+    keys = np.empty((self.keys[bucket], 17), np.uint8)
+    hashes = np.empty(self.keys[bucket], np.uint64)
+    order = columns["hashed_order"] if hashed else np.zeros((0, 2), np.uint8)
+    arrays = (probe, columns["dst"], columns["seconds"], columns["rtt_bytes"], order, keys, hashes)
+    row = key = held = 0  # rows and keys unpacked; bytes of a record begun, at the block's start
+    block = _buffer(self.buffers, "block", np.uint8, (SPILL_BLOCK,))
+    with open(path, "rb") as f:
+      while got := f.readinto(memoryview(block)[held:]):
+        used, row, key = row_kernels.unpack_records(block[: held + got], row, key, *arrays)
+        held = held + got - used
+        block[:held] = block[used : used + held]
+        if held == len(block):  # one record larger than the block: a larger block
+          begun = block.copy()
+          block = _buffer(self.buffers, "block", np.uint8, (2 * len(block),))
+          block[:held] = begun
+    if held or (row, key) != (rows, len(keys)):
+      raise OSError(f"{path}: spill file cut short ({row} of {rows} rows)")
+    os.remove(path)
+    return [partition.Chunk(keys, hashes, probe, columns)]
+
+
+# Files besides the spill files a prepare may hold open at once (its inputs, Arrow's and
+# numba's own, the store's memory maps' descriptors are closed once mapped).
+FILES_HEADROOM = 256
+_ZEROS = bytes(8)
+SPILL_BLOCK = 8 << 20  # bytes of a spill file read at a time (a larger record, a larger block)
+
+
+def _raise_open_files(wanted: int) -> tuple[bool, tuple]:
+  """Raise this process's soft limit on open files toward `wanted`, up to the hard limit:
+  (whether `wanted` files may be open now, the (soft, hard) limits before, to restore)."""
+  before = resource.getrlimit(resource.RLIMIT_NOFILE)
+  soft, hard = before
+  infinite = resource.RLIM_INFINITY
+  if soft == infinite or soft >= wanted:
+    return True, before
+  soft = wanted if hard == infinite else min(wanted, hard)
+  resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+  return soft >= wanted, before
 
 
 def _buffer(buffers: dict, name: str, dtype, shape: tuple) -> np.ndarray:
@@ -230,38 +318,3 @@ def _buffer(buffers: dict, name: str, dtype, shape: tuple) -> np.ndarray:
   if held is None or len(held) < size:
     held = buffers[name] = np.empty(size, np.uint8)
   return held[:size].view(dtype).reshape(shape)
-
-
-def _read_records(f, rows: int, buffers: dict) -> partition.Chunk:
-  """The `Chunk.parts` records of file `f` (`rows` rows in all) as one chunk."""
-  columns, hashed = None, False
-  probe = _buffer(buffers, "probe", np.int32, (rows,))
-  keys, hashes = [], []
-  at, key_at = 0, 0
-
-  def read_into(array: np.ndarray) -> None:
-    view = memoryview(array).cast("B")
-    if f.readinto(view) != len(view):
-      raise OSError(f"{f.name}: spill file cut short")
-
-  while size := f.read(8):
-    head = np.frombuffer(f.read(24), np.int64)
-    n, k, hashed = int(head[0]), int(head[1]), bool(head[2])
-    if columns is None:
-      columns = {}
-      for name in partition._names(hashed):
-        dtype, tail = store.ROW_ARRAYS[name]
-        columns[name] = _buffer(buffers, name, dtype, (rows, *tail))
-    key_part, hash_part = np.empty((k, 17), np.uint8), np.empty(k, np.uint64)
-    read_into(key_part)
-    read_into(hash_part)
-    keys.append(key_part)
-    hashes.append(hash_part)
-    read_into(probe[at : at + n])
-    probe[at : at + n] += key_at
-    for name in partition._names(hashed):
-      read_into(columns[name][at : at + n])
-    at, key_at = at + n, key_at + k
-    del size
-  assert at == rows, (f.name, at, rows)
-  return partition.Chunk(np.concatenate(keys), np.concatenate(hashes), probe, columns)

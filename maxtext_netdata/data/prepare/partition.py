@@ -51,6 +51,13 @@ def bucket_rows(memory_mb: int) -> int:
   return int(min(MAX_BUCKET_ROWS, max(1 << 16, budget // SORT_BYTES_PER_ROW)))
 
 
+def gather_rows(buckets: int, memory_mb: int) -> int:
+  """Rows `Gather` gathers before splitting them: enough for ~64k rows a bucket (a record's
+  own cost then weighs nothing), at most a bucket's rows of the memory budget (gathered
+  rows take ~56 bytes each, packed and unpacked, below a sorted bucket's ~100)."""
+  return min(bucket_rows(memory_mb), max(1 << 18, buckets << 16))
+
+
 def num_buckets(total_rows: int, memory_mb: int) -> int:
   """Buckets for `total_rows` raw rows (the content does not depend on it)."""
   return max(1, -(-total_rows // bucket_rows(memory_mb)))
@@ -79,10 +86,12 @@ class Chunk:
     return b"".join(self.parts())
 
   def parts(self) -> list[memoryview]:
-    """`to_bytes` as the arrays' own buffers, written out without joining them first."""
-    head = np.array([len(self.probe), len(self.keys), "hashed_order" in self.columns], np.int64)
+    """`to_bytes` as the arrays' own buffers, written out without joining them first; the
+    seconds as uint32 (`WIRE_DTYPES`)."""
+    hashed = "hashed_order" in self.columns
+    head = np.array([len(self.probe), len(self.keys), hashed], np.int64)
     parts = [head, self.keys, self.hashes, self.probe]
-    parts += [self.columns[name] for name in _names("hashed_order" in self.columns)]
+    parts += [_to_wire(name, self.columns[name]) for name in _names(hashed)]
     return [memoryview(np.ascontiguousarray(p)).cast("B") for p in parts]
 
   @classmethod
@@ -101,16 +110,26 @@ class Chunk:
     columns = {}
     for name in _names(bool(hashed)):
       dtype, tail = store.ROW_ARRAYS[name]
-      columns[name] = take(dtype, (n, *tail))
+      columns[name] = take(WIRE_DTYPES.get(name, dtype), (n, *tail)).astype(dtype, copy=False)
     return cls(keys, hashes, probe, columns)
+
+
+# Columns a record keeps narrower than prepare holds them: seconds the reader has checked to
+# fit a uint32 (`store.SECONDS_MAX`), widened back to int64 as they are read.
+WIRE_DTYPES = {"seconds": np.uint32}
+
+
+def _to_wire(name: str, array: np.ndarray) -> np.ndarray:
+  wire = WIRE_DTYPES.get(name)
+  return array if wire is None else array.astype(wire)
 
 
 def _names(hashed: bool) -> list[str]:
   return [name for name in store.ROW_ARRAYS if hashed or name != "hashed_order"]
 
 
-def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
-  """(bucket, chunk) of each bucket that rows of this validated batch fall in."""
+def batch_chunk(columns: schema.RawColumns, hashed: bool) -> Chunk:
+  """A validated batch's rows as one chunk: its probes numbered, its RTT payloads made."""
   probe, table, hashes = probes.batch_probes(columns)
   rtt_bytes, _ = row_kernels.rtt_payload(columns.rtt)  # tokenizer.rtt_bytes, compiled
   data = {"dst": columns.dst, "seconds": columns.seconds, "rtt_bytes": rtt_bytes}
@@ -118,33 +137,158 @@ def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tu
     data["hashed_order"] = hashed_kernel.hashed_order_pairs(
       columns.src_text, columns.dst_text, columns.seconds
     )
-  probe_bucket = bucket_of(hashes, buckets)
-  if (probe_bucket == probe_bucket[0]).all() if len(table) else True:
-    return [(int(probe_bucket[0]) if len(table) else 0, Chunk(table, hashes, probe, data))]
-  # Each probe's number within its bucket, for all buckets at once (per bucket, a pass over
+  return Chunk(table, hashes, probe, data)
+
+
+def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
+  """(bucket, chunk) of each bucket that rows of this validated batch fall in."""
+  return list(split(batch_chunk(columns, hashed), buckets).chunks())
+
+
+@dataclasses.dataclass
+class Partitioned:
+  """Rows split by bucket: bucket `buckets[i]` holds probes `keys[key_bounds[i]:key_bounds[i+1]]`
+  and rows `row_bounds[i]:row_bounds[i+1]` of `probe` and `columns`, whose `probe` indexes
+  those probes. The columns are as records keep them (`WIRE_DTYPES`), so that a bucket's
+  rows are one slice of each: the spill writes each bucket's share of a gathering as one
+  record (`local_runner.SpillWriter`).
+  """
+
+  buckets: np.ndarray  # int64 [B']: the buckets that hold rows, ascending
+  key_bounds: np.ndarray  # int64 [B' + 1]
+  keys: np.ndarray  # uint8 [K, 17]
+  hashes: np.ndarray  # uint64 [K]
+  row_bounds: np.ndarray  # int64 [B' + 1]
+  probe: np.ndarray  # int32 [N]
+  columns: dict  # name → array of store.ROW_ARRAYS in `WIRE_DTYPES`
+
+  def __len__(self) -> int:
+    return len(self.probe)
+
+  @property
+  def hashed(self) -> bool:
+    return "hashed_order" in self.columns
+
+  def chunks(self):
+    """(bucket, Chunk) of each bucket, in prepare's dtypes."""
+    for i, bucket in enumerate(self.buckets):
+      keys = slice(self.key_bounds[i], self.key_bounds[i + 1])
+      rows = slice(self.row_bounds[i], self.row_bounds[i + 1])
+      columns = {
+        name: array[rows].astype(store.ROW_ARRAYS[name][0], copy=False)
+        for name, array in self.columns.items()
+      }
+      yield int(bucket), Chunk(self.keys[keys], self.hashes[keys], self.probe[rows], columns)
+
+
+def split(chunk: Chunk, buckets: int) -> Partitioned:
+  """The rows of `chunk` by bucket; the input's arrays are only read."""
+  return split_chunks([chunk], buckets)
+
+
+def split_chunks(chunks: list[Chunk], buckets: int) -> Partitioned:
+  """The rows of `chunks` by bucket (`row_kernels.scatter_rows`); a bucket's probe table is
+  its probes' keys in the chunks' order, a bucket's rows the chunks' rows in their order.
+  `chunks` is emptied as each is placed, so that its memory goes as the output fills."""
+  hashed = "hashed_order" in chunks[0].columns
+  keys = np.concatenate([c.keys for c in chunks])
+  hashes = np.concatenate([c.hashes for c in chunks])
+  key_at = np.cumsum([0, *(len(c.keys) for c in chunks)])
+  key_bucket = bucket_of(hashes, buckets)
+  # Each key's number within its bucket, for all buckets at once (per bucket, a pass over
   # every probe of the batch cost buckets x probes: ~100 x 50k per batch at 200M rows).
-  order, bounds, row_local = row_kernels.bucket_rows(probe, probe_bucket, buckets)
-  probe_order, probe_bounds = row_kernels.counting_order(probe_bucket, buckets)
-  # Every column moved once into bucket order; the chunks are its slices.
-  moved = {name: store.take_rows(array, order) for name, array in data.items()}
-  out = []
-  for bucket in np.flatnonzero(np.diff(probe_bounds)):
-    rows = slice(bounds[bucket], bounds[bucket + 1])
-    mine = probe_order[probe_bounds[bucket] : probe_bounds[bucket + 1]]
-    chunk = Chunk(
-      table[mine], hashes[mine], row_local[rows], {name: moved[name][rows] for name in moved}
+  key_order, key_bounds = row_kernels.counting_order(key_bucket, buckets)
+  key_local = np.empty(len(keys), np.int32)
+  key_local[key_order] = np.arange(len(keys)) - np.repeat(key_bounds[:-1], np.diff(key_bounds))
+  key_rows = np.concatenate([np.bincount(c.probe, minlength=len(c.keys)) for c in chunks])
+  row_bounds = np.zeros(buckets + 1, np.int64)
+  per_bucket = np.bincount(key_bucket, weights=key_rows, minlength=buckets).astype(np.int64)
+  np.cumsum(per_bucket, out=row_bounds[1:])
+  n = int(row_bounds[-1])
+  probe = np.empty(n, np.int32)
+  columns = {}
+  for name in _names(hashed):
+    dtype, tail = store.ROW_ARRAYS[name]
+    columns[name] = np.empty((n, *tail), WIRE_DTYPES.get(name, dtype))
+  cursor = row_bounds[:-1].copy()
+  for at in key_at[:-1].tolist():
+    chunk = chunks.pop(0)
+    row_kernels.scatter_rows(
+      chunk.probe, at, key_bucket, key_local, chunk.columns, cursor, (probe, columns)
     )
-    out.append((int(bucket), chunk))
-  return out
+    del chunk
+  held = np.flatnonzero(np.diff(key_bounds))
+  return Partitioned(
+    buckets=held,
+    key_bounds=np.append(key_bounds[held], key_bounds[-1]),
+    keys=keys[key_order],
+    hashes=hashes[key_order],
+    row_bounds=np.append(row_bounds[held], row_bounds[-1]),
+    probe=probe,
+    columns=columns,
+  )
 
 
-def read_partitioned(
-  entry, metadata, options, *, buckets, hashed, skip_bad, report, on_rows=None, bounds=(None, None)
-):
-  """(bucket, Chunk) of every valid row of one file (`reader.read_batches`) within `bounds`
-  (since, until: Unix seconds, None for none); counts the rows read and skipped in `report` (a
-  `reader.ReadReport`, with the file's own `FileReport`, of all its valid rows), and calls
-  `on_rows(rows)` per batch."""
+def join(chunks: list[Chunk]) -> Chunk:
+  """The rows of `chunks` as one chunk (its probe table their tables one after another);
+  `chunks` is emptied as each is copied, so that its memory goes as the copy grows."""
+  if len(chunks) == 1:
+    return chunks.pop()
+  hashed = bool(chunks) and "hashed_order" in chunks[0].columns
+  n = sum(len(c) for c in chunks)
+  keys = np.concatenate([c.keys for c in chunks]) if chunks else np.zeros((0, 17), np.uint8)
+  hashes = np.concatenate([c.hashes for c in chunks]) if chunks else np.zeros(0, np.uint64)
+  columns = {}
+  for name in _names(hashed):
+    dtype, tail = store.ROW_ARRAYS[name]
+    columns[name] = np.empty((n, *tail), dtype=dtype)
+  probe = np.empty(n, dtype=np.int32)
+  at, key_at = 0, 0
+  while chunks:
+    chunk = chunks.pop(0)
+    m = len(chunk)
+    probe[at : at + m] = chunk.probe + key_at
+    for name in columns:
+      columns[name][at : at + m] = chunk.columns[name]
+    at, key_at = at + m, key_at + len(chunk.keys)
+  return Chunk(keys, hashes, probe, columns)
+
+
+class Gather:
+  """Batches' chunks gathered into `rows` rows or more before they are split by bucket.
+
+  A batch split by itself gives a chunk for every bucket its probes fall in: RIPE Atlas's
+  month (35 billion rows, ~17,500 buckets at the default memory, ~12,000 probes, nearly all
+  in every batch) would give ~8,000 chunks of ~30 rows per 256k-row batch, each chunk a
+  record with its own header and probe table, written and read back: ~1 µs a row where the
+  rest of prepare takes ~0.3. Gathered first, a bucket gets one chunk per `rows` rows.
+  """
+
+  def __init__(self, buckets: int, rows: int):
+    self.buckets, self.rows = buckets, rows
+    self.pending: list[Chunk] = []
+    self.pending_rows = 0
+
+  def add(self, chunk: Chunk) -> Partitioned | None:
+    """The rows gathered so far, split by bucket, once they are `rows` or more; else None."""
+    self.pending.append(chunk)
+    self.pending_rows += len(chunk)
+    return self.flush() if self.pending_rows >= self.rows else None
+
+  def flush(self) -> Partitioned | None:
+    """Every row gathered so far, split by bucket (None if none)."""
+    if not self.pending:
+      return None
+    self.pending_rows = 0
+    return split_chunks(self.pending, self.buckets)
+
+
+def read_chunks(entry, metadata, options, *, hashed, skip_bad, report, on_rows=None,
+                bounds=(None, None)):  # fmt: skip
+  """`batch_chunk` of every batch of valid rows of one file (`reader.read_batches`) within
+  `bounds` (since, until: Unix seconds, None for none); counts the rows read and skipped in
+  `report` (a `reader.ReadReport`, with the file's own `FileReport`, of all its valid rows),
+  and calls `on_rows(rows)` per batch."""
   file = report.files[entry.uri] = reader.FileReport()
   since, until = bounds
   for columns, skipped, rows in reader.read_batches(entry, metadata, options, skip_bad=skip_bad):
@@ -156,7 +300,7 @@ def read_partitioned(
       if not inside.all():
         columns = columns.select(inside)
     if len(columns):
-      yield from partition(columns, buckets, hashed)
+      yield batch_chunk(columns, hashed)
     if on_rows is not None:
       on_rows(rows)
 
@@ -224,26 +368,10 @@ def sort_bucket(chunks: list[Chunk]) -> store.ProbeRows:
 
 def order_bucket(chunks: list[Chunk]) -> SortedBucket:
   """`sort_bucket` without moving the rows: the columns and their permutation."""
-  hashed = bool(chunks) and "hashed_order" in chunks[0].columns
-  n = sum(len(c) for c in chunks)
-  keys = np.concatenate([c.keys for c in chunks]) if chunks else np.zeros((0, 17), np.uint8)
-  hashes = np.concatenate([c.hashes for c in chunks]) if chunks else np.zeros(0, np.uint64)
-  if len(chunks) == 1:  # e.g. a spill file's, read into place: nothing to join (only read)
-    columns, entry = chunks[0].columns, chunks.pop().probe
-  else:
-    columns = {}
-    for name in _names(hashed):
-      dtype, tail = store.ROW_ARRAYS[name]
-      columns[name] = np.empty((n, *tail), dtype=dtype)
-    entry = np.empty(n, dtype=np.int32)
-  at, key_at = 0, 0
-  while chunks:
-    chunk = chunks.pop(0)
-    m = len(chunk)
-    entry[at : at + m] = chunk.probe + key_at
-    for name in columns:
-      columns[name][at : at + m] = chunk.columns[name]
-    at, key_at = at + m, key_at + len(chunk.keys)
+  joined = join(chunks)  # a spill file's single chunk, read into place: taken as it is
+  keys, hashes, columns = joined.keys, joined.hashes, joined.columns
+  entry = joined.probe
+  del joined
   rank, probe_keys, probe_hash = _probe_ranks(keys, hashes)
   probe = rank[entry]
   del entry
