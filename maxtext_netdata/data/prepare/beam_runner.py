@@ -3,7 +3,7 @@
     maxtext-netdata prepare CONFIG [key=value ...] --runner beam [-- BEAM PIPELINE OPTIONS]
 
 read each file in batches and partition its rows by probe bucket (`partition.read_chunks`, a file's batches
-gathered by `partition.Gather`) → GroupByKey on the bucket → sort each bucket and write it as a piece
+gathered by `partition.Gather` into one record a bucket) → GroupByKey on the bucket → sort each bucket and write it as a piece
 (`local_runner.sort_and_write`). The functions are the built-in runner's, so both build
 byte-identical stores; listing, the builder lock, assembling the pieces into the store and
 caching stay in `data.prepare.prepare`. Beam's DirectRunner runs it unless the options after `--`
@@ -83,16 +83,17 @@ def _read_and_partition(indexed, options, settings, reports_dir):
     report=report,
     bounds=settings["bounds"],
   )
-  for parts in (*map(gather.add, chunks), gather.flush()):
-    if parts is not None:
-      for bucket, chunk in parts.chunks():
-        yield bucket, chunk.to_bytes()
+  for records in (*map(gather.add, chunks), gather.flush()):
+    if records is not None:
+      for bucket, record in records:
+        yield bucket, record.tobytes()
   result = {"uri": entry.uri, "report": report.files[entry.uri].to_json()}
   with open(os.path.join(reports_dir, f"{index:06d}.json"), "w", encoding="utf-8") as f:
     json.dump(result, f)
 
 
 def _sort_and_write(grouped, pieces_dir):
-  bucket, chunk_bytes = grouped
-  chunks = [partition.Chunk.from_bytes(data) for data in chunk_bytes]
-  return local_runner.sort_and_write(int(bucket), chunks, pieces_dir)
+  bucket, records = grouped
+  return local_runner.sort_and_write(
+    int(bucket), [partition.read_records(list(records))], pieces_dir
+  )

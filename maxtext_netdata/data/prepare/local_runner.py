@@ -203,23 +203,16 @@ class SpillWriter:
   def path(self, bucket: int) -> str:
     return os.path.join(self.folder, f"bucket-{bucket:05d}.bin")
 
-  def add(self, parts: partition.Partitioned | None) -> None:
-    """Each bucket's rows of `parts` appended to its file as one record: the header (n, k,
-    hashed: int64), the bucket's probe table (keys, hashes), then its rows' probes and
-    columns (`partition.WIRE_DTYPES`), each part padded to 8 bytes (in this machine's byte
-    order: the file is read back by this process, `row_kernels.unpack_records`)."""
-    if parts is None:
+  def add(self, records: partition.Records | None) -> None:
+    """Each bucket's record of `records` appended to its file."""
+    if records is None:
       return
-    self.hashed = parts.hashed
-    key_bounds, row_bounds = parts.key_bounds.tolist(), parts.row_bounds.tolist()
-    keys, hashes, probe = parts.keys, parts.hashes, parts.probe
-    columns = [parts.columns[name] for name in partition._names(parts.hashed)]
-    for i, bucket in enumerate(parts.buckets.tolist()):
-      k0, k1, r0, r1 = key_bounds[i], key_bounds[i + 1], row_bounds[i], row_bounds[i + 1]
-      self.rows[bucket] += r1 - r0
-      self.keys[bucket] += k1 - k0
-      record = [np.array([r1 - r0, k1 - k0, parts.hashed], np.int64), keys[k0:k1]]
-      record += [hashes[k0:k1], probe[r0:r1], *(c[r0:r1] for c in columns)]
+    self.hashed = records.hashed
+    for (bucket, record), rows, keys in zip(
+      records, records.rows.tolist(), records.keys.tolist(), strict=True
+    ):
+      self.rows[bucket] += rows
+      self.keys[bucket] += keys
       f = self.files.get(bucket)
       if f is None:
         with WritesTo(self.path(bucket)):
@@ -228,10 +221,7 @@ class SpillWriter:
         if self.keep_open:
           self.files[bucket] = f
       with WritesTo(f.name):
-        for part in record:  # each part padded to 8 bytes
-          f.write(part)
-          if part.nbytes % 8:
-            f.write(_ZEROS[: 8 - part.nbytes % 8])
+        f.write(record)
         if not self.keep_open:
           f.close()
 
@@ -271,9 +261,8 @@ class SpillWriter:
       columns[name] = _buffer(self.buffers, name, dtype, (rows, *tail))
     probe = _buffer(self.buffers, "probe", np.int32, (rows,))
     keys = np.empty((self.keys[bucket], 17), np.uint8)
-    hashes = np.empty(self.keys[bucket], np.uint64)
-    order = columns["hashed_order"] if hashed else np.zeros((0, 2), np.uint8)
-    arrays = (probe, columns["dst"], columns["seconds"], columns["rtt_bytes"], order, keys, hashes)
+    chunk = partition.Chunk(keys, np.empty(len(keys), np.uint64), probe, columns)
+    arrays = partition.chunk_arrays(chunk)
     row = key = held = 0  # rows and keys unpacked; bytes of a record begun, at the block's start
     block = _buffer(self.buffers, "block", np.uint8, (SPILL_BLOCK,))
     with open(path, "rb") as f:
@@ -288,13 +277,12 @@ class SpillWriter:
     if held or (row, key) != (rows, len(keys)):
       raise OSError(f"{path}: spill file cut short ({row} of {rows} rows)")
     os.remove(path)
-    return [partition.Chunk(keys, hashes, probe, columns)]
+    return [chunk]
 
 
 # Files besides the spill files a prepare may hold open at once (its inputs, Arrow's and
 # numba's own, the store's memory maps' descriptors are closed once mapped).
 FILES_HEADROOM = 256
-_ZEROS = bytes(8)
 SPILL_BLOCK = 8 << 20  # bytes of a spill file read at a time (a larger record, a larger block)
 
 

@@ -4,9 +4,11 @@ The steps are plain functions, shared by the built-in runner (`data.prepare.loca
 spilled to local files) and the Apache Beam runner (`data.prepare.beam_runner`, buckets grouped by
 GroupByKey), so that both build byte-identical stores:
 
-1. `partition(columns, num_buckets, hashed)`: a validated batch → one `Chunk` per bucket it
-   touches. A probe's bucket is a non-decreasing function of its hash, so every probe lives
-   in exactly one bucket and buckets follow one another in hash order.
+1. `read_chunks` → `Gather`: each file's validated batches (`batch_chunk`: a `Chunk`, its probes
+   numbered) gathered, then split by bucket into one record per bucket (`split_chunks` →
+   `Records`; `read_records` makes a bucket's records one chunk again). A probe's bucket is a
+   non-decreasing function of its hash, so every probe lives in exactly one bucket and
+   buckets follow one another in hash order.
 2. `order_bucket(chunks)`: a bucket's chunks → its probes (ordered by (hash, version,
    address)) and the permutation that groups its rows by probe, time-sorted within a probe,
    ties by content (`SortedBucket`); `sort_bucket` applies it (`store.ProbeRows` with
@@ -42,6 +44,10 @@ SORT_BYTES_PER_ROW = 100
 # Memory that does not depend on the bucket size: imports (numba's compiler ~90 MiB of it,
 # loaded for the address parser and the probe table) and the reader's batches.
 FIXED_BYTES = 416 << 20
+# Bytes held per gathered row while the spill splits the gathered batches by bucket: the
+# batches' columns (30, 32 with hashed order) and the records they are placed in (26, 28),
+# with headroom for the probe tables and counts.
+GATHER_BYTES_PER_ROW = 64
 PROBE_HASH_FILE = "probe_hash.npy"
 
 
@@ -52,10 +58,11 @@ def bucket_rows(memory_mb: int) -> int:
 
 
 def gather_rows(buckets: int, memory_mb: int) -> int:
-  """Rows `Gather` gathers before splitting them: enough for ~64k rows a bucket (a record's
-  own cost then weighs nothing), at most a bucket's rows of the memory budget (gathered
-  rows take ~56 bytes each, packed and unpacked, below a sorted bucket's ~100)."""
-  return min(bucket_rows(memory_mb), max(1 << 18, buckets << 16))
+  """Rows `Gather` gathers before splitting them by bucket: enough for 64k rows a bucket (a
+  record's own cost then weighs nothing), at most what half the memory budget holds at
+  `GATHER_BYTES_PER_ROW` (no bucket is being sorted meanwhile)."""
+  budget = (memory_mb * (1 << 20) - FIXED_BYTES) // 2
+  return int(min(max(1 << 18, buckets << 16), max(1 << 16, budget // GATHER_BYTES_PER_ROW)))
 
 
 def num_buckets(total_rows: int, memory_mb: int) -> int:
@@ -81,48 +88,6 @@ class Chunk:
   def __len__(self) -> int:
     return len(self.probe)
 
-  def to_bytes(self) -> bytes:
-    """One self-describing record: counts, then each array's bytes in a fixed order."""
-    return b"".join(self.parts())
-
-  def parts(self) -> list[memoryview]:
-    """`to_bytes` as the arrays' own buffers, written out without joining them first; the
-    seconds as uint32 (`WIRE_DTYPES`)."""
-    hashed = "hashed_order" in self.columns
-    head = np.array([len(self.probe), len(self.keys), hashed], np.int64)
-    parts = [head, self.keys, self.hashes, self.probe]
-    parts += [_to_wire(name, self.columns[name]) for name in _names(hashed)]
-    return [memoryview(np.ascontiguousarray(p)).cast("B") for p in parts]
-
-  @classmethod
-  def from_bytes(cls, data: bytes | memoryview) -> Chunk:
-    n, k, hashed = np.frombuffer(data, np.int64, 3)
-    view, at = memoryview(data), 24
-
-    def take(dtype, shape):
-      nonlocal at
-      size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-      array = np.frombuffer(view[at : at + size], dtype).reshape(shape)
-      at += size
-      return array
-
-    keys, hashes, probe = take(np.uint8, (k, 17)), take(np.uint64, (k,)), take(np.int32, (n,))
-    columns = {}
-    for name in _names(bool(hashed)):
-      dtype, tail = store.ROW_ARRAYS[name]
-      columns[name] = take(WIRE_DTYPES.get(name, dtype), (n, *tail)).astype(dtype, copy=False)
-    return cls(keys, hashes, probe, columns)
-
-
-# Columns a record keeps narrower than prepare holds them: seconds the reader has checked to
-# fit a uint32 (`store.SECONDS_MAX`), widened back to int64 as they are read.
-WIRE_DTYPES = {"seconds": np.uint32}
-
-
-def _to_wire(name: str, array: np.ndarray) -> np.ndarray:
-  wire = WIRE_DTYPES.get(name)
-  return array if wire is None else array.astype(wire)
-
 
 def _names(hashed: bool) -> list[str]:
   return [name for name in store.ROW_ARRAYS if hashed or name != "hashed_order"]
@@ -142,54 +107,78 @@ def batch_chunk(columns: schema.RawColumns, hashed: bool) -> Chunk:
 
 def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
   """(bucket, chunk) of each bucket that rows of this validated batch fall in."""
-  return list(split(batch_chunk(columns, hashed), buckets).chunks())
+  return list(split_chunks([batch_chunk(columns, hashed)], buckets).chunks())
 
 
 @dataclasses.dataclass
-class Partitioned:
-  """Rows split by bucket: bucket `buckets[i]` holds probes `keys[key_bounds[i]:key_bounds[i+1]]`
-  and rows `row_bounds[i]:row_bounds[i+1]` of `probe` and `columns`, whose `probe` indexes
-  those probes. The columns are as records keep them (`WIRE_DTYPES`), so that a bucket's
-  rows are one slice of each: the spill writes each bucket's share of a gathering as one
-  record (`local_runner.SpillWriter`).
+class Records:
+  """Rows split by bucket, as one record per bucket in one buffer (`row_kernels.record_layout`:
+  the bucket's probe table, then its rows' probes, indices into that table, and columns, the
+  seconds as uint32, the reader having checked that they fit). Record i, of bucket
+  `buckets[i]`, is `data[bounds[i]:bounds[i + 1]]`: the spill writes it to the bucket's file
+  with one write (`local_runner.SpillWriter`), the Beam runner ships it as one element, and
+  `read_records` makes a bucket's records one chunk again.
+
+  In this machine's byte order: records are read by the machine that wrote them, or by Beam
+  workers of the same kind.
   """
 
+  data: np.ndarray  # uint8 [S]
   buckets: np.ndarray  # int64 [B']: the buckets that hold rows, ascending
-  key_bounds: np.ndarray  # int64 [B' + 1]
-  keys: np.ndarray  # uint8 [K, 17]
-  hashes: np.ndarray  # uint64 [K]
-  row_bounds: np.ndarray  # int64 [B' + 1]
-  probe: np.ndarray  # int32 [N]
-  columns: dict  # name → array of store.ROW_ARRAYS in `WIRE_DTYPES`
+  bounds: np.ndarray  # int64 [B' + 1]
+  rows: np.ndarray  # int64 [B']
+  keys: np.ndarray  # int64 [B']
+  hashed: bool
 
-  def __len__(self) -> int:
-    return len(self.probe)
-
-  @property
-  def hashed(self) -> bool:
-    return "hashed_order" in self.columns
+  def __iter__(self):
+    """(bucket, record: uint8 array) of each bucket."""
+    bounds = self.bounds.tolist()
+    for i, bucket in enumerate(self.buckets.tolist()):
+      yield bucket, self.data[bounds[i] : bounds[i + 1]]
 
   def chunks(self):
-    """(bucket, Chunk) of each bucket, in prepare's dtypes."""
-    for i, bucket in enumerate(self.buckets):
-      keys = slice(self.key_bounds[i], self.key_bounds[i + 1])
-      rows = slice(self.row_bounds[i], self.row_bounds[i + 1])
-      columns = {
-        name: array[rows].astype(store.ROW_ARRAYS[name][0], copy=False)
-        for name, array in self.columns.items()
-      }
-      yield int(bucket), Chunk(self.keys[keys], self.hashes[keys], self.probe[rows], columns)
+    """(bucket, Chunk) of each bucket."""
+    for bucket, record in self:
+      yield bucket, read_records([record])
 
 
-def split(chunk: Chunk, buckets: int) -> Partitioned:
-  """The rows of `chunk` by bucket; the input's arrays are only read."""
-  return split_chunks([chunk], buckets)
+def read_records(records: list) -> Chunk:
+  """One chunk of the rows of `records` (uint8 arrays or bytes, each one or more whole
+  `Records` records), their probe tables joined."""
+  arrays = [np.frombuffer(r, np.uint8) for r in records]
+  rows = keys = 0
+  hashed = False
+  for array in arrays:
+    at = 0
+    while at < len(array):
+      n, k, hashed_flag = (int(x) for x in array[at : at + 24].view(np.int64))
+      rows, keys, hashed = rows + n, keys + k, bool(hashed_flag)
+      at += int(row_kernels.record_layout(n, k, hashed_flag)[0])
+  data = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+  columns = {}
+  for name in _names(hashed):
+    dtype, tail = store.ROW_ARRAYS[name]
+    columns[name] = np.empty((rows, *tail), dtype)
+  probe = np.empty(rows, np.int32)
+  chunk = Chunk(np.empty((keys, 17), np.uint8), np.empty(keys, np.uint64), probe, columns)
+  used, got_rows, got_keys = row_kernels.unpack_records(data, 0, 0, *chunk_arrays(chunk))
+  assert (used, got_rows, got_keys) == (len(data), rows, keys), (used, got_rows, got_keys)
+  return chunk
 
 
-def split_chunks(chunks: list[Chunk], buckets: int) -> Partitioned:
-  """The rows of `chunks` by bucket (`row_kernels.scatter_rows`); a bucket's probe table is
-  its probes' keys in the chunks' order, a bucket's rows the chunks' rows in their order.
-  `chunks` is emptied as each is placed, so that its memory goes as the output fills."""
+def chunk_arrays(chunk: Chunk) -> tuple:
+  """The arrays `row_kernels.unpack_records` fills, of `chunk`'s."""
+  columns = chunk.columns
+  order = columns.get("hashed_order", np.zeros((0, 2), np.uint8))
+  return (chunk.probe, columns["dst"], columns["seconds"], columns["rtt_bytes"], order,
+          chunk.keys, chunk.hashes)  # fmt: skip
+
+
+def split_chunks(chunks: list[Chunk], buckets: int) -> Records:
+  """The rows of `chunks` by bucket, as records (`row_kernels.write_records`, `scatter_rows`);
+  a bucket's probe table is its probes' keys in the chunks' order, a bucket's rows the
+  chunks' rows in their order. `chunks` is emptied as each is placed, so that its memory
+  goes as the records fill."""
   hashed = "hashed_order" in chunks[0].columns
   keys = np.concatenate([c.keys for c in chunks])
   hashes = np.concatenate([c.hashes for c in chunks])
@@ -201,32 +190,29 @@ def split_chunks(chunks: list[Chunk], buckets: int) -> Partitioned:
   key_local = np.empty(len(keys), np.int32)
   key_local[key_order] = np.arange(len(keys)) - np.repeat(key_bounds[:-1], np.diff(key_bounds))
   key_rows = np.concatenate([np.bincount(c.probe, minlength=len(c.keys)) for c in chunks])
-  row_bounds = np.zeros(buckets + 1, np.int64)
-  per_bucket = np.bincount(key_bucket, weights=key_rows, minlength=buckets).astype(np.int64)
-  np.cumsum(per_bucket, out=row_bounds[1:])
-  n = int(row_bounds[-1])
-  probe = np.empty(n, np.int32)
-  columns = {}
-  for name in _names(hashed):
-    dtype, tail = store.ROW_ARRAYS[name]
-    columns[name] = np.empty((n, *tail), WIRE_DTYPES.get(name, dtype))
-  cursor = row_bounds[:-1].copy()
+  rows = np.bincount(key_bucket, weights=key_rows, minlength=buckets).astype(np.int64)
+  held = np.flatnonzero(np.diff(key_bounds))
+  layout = row_kernels.record_layout(rows[held], np.diff(key_bounds)[held], int(hashed))
+  bounds = np.zeros(len(held) + 1, np.int64)
+  np.cumsum(layout[0], out=bounds[1:])
+  data = np.zeros(int(bounds[-1]), np.uint8)
+  row_kernels.write_records(
+    data, held, bounds[:-1], rows[held], np.append(key_bounds[held], key_bounds[-1]), hashed,
+    keys[key_order], hashes[key_order],
+  )  # fmt: skip
+  parts = np.zeros((buckets, 5), np.int64)  # each bucket's parts' first bytes in `data`
+  parts[held] = np.stack(layout[1:], axis=1) + bounds[:-1, None]
+  cursor = np.zeros(buckets, np.int64)
   for at in key_at[:-1].tolist():
     chunk = chunks.pop(0)
     row_kernels.scatter_rows(
-      chunk.probe, at, key_bucket, key_local, chunk.columns, cursor, (probe, columns)
+      chunk.probe, at, key_bucket, key_local, chunk.columns, cursor, parts, data
     )
     del chunk
-  held = np.flatnonzero(np.diff(key_bounds))
-  return Partitioned(
-    buckets=held,
-    key_bounds=np.append(key_bounds[held], key_bounds[-1]),
-    keys=keys[key_order],
-    hashes=hashes[key_order],
-    row_bounds=np.append(row_bounds[held], row_bounds[-1]),
-    probe=probe,
-    columns=columns,
-  )
+  return Records(
+    data=data, buckets=held, bounds=bounds, rows=rows[held], keys=np.diff(key_bounds)[held],
+    hashed=hashed,
+  )  # fmt: skip
 
 
 def join(chunks: list[Chunk]) -> Chunk:
@@ -269,13 +255,13 @@ class Gather:
     self.pending: list[Chunk] = []
     self.pending_rows = 0
 
-  def add(self, chunk: Chunk) -> Partitioned | None:
+  def add(self, chunk: Chunk) -> Records | None:
     """The rows gathered so far, split by bucket, once they are `rows` or more; else None."""
     self.pending.append(chunk)
     self.pending_rows += len(chunk)
     return self.flush() if self.pending_rows >= self.rows else None
 
-  def flush(self) -> Partitioned | None:
+  def flush(self) -> Records | None:
     """Every row gathered so far, split by bucket (None if none)."""
     if not self.pending:
       return None

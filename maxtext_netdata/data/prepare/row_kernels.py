@@ -19,12 +19,13 @@ same result, bit for bit:
   is placed, reading the rows once and in order.
 - `rtt_payload(rtt_ms)`: `format.tokenizer.rtt_bytes`, the RTT payload bytes and failed flags
   of every row in one pass without the five float64 temporaries.
-- `scatter_rows(...)`: a gathered batch's rows (`partition.Gather`) written straight into
-  their buckets' places: the batch read once, in order, and no gather through a permutation
-  of all gathered rows (which missed the cache: 4x the time of the same gathers per batch).
-- `unpack_records(data, ...)`: a spill file's records (`local_runner.SpillWriter`) into one
-  chunk's columns; a bucket's file holds one record per gathering (RIPE Atlas's month:
-  ~17,500), which numpy took ~20 µs each to unpack.
+- `write_records`, `scatter_rows(...)`: gathered batches' rows (`partition.Gather`) written
+  straight into their buckets' records (`partition.Records`): each batch read once, in
+  order, and no gather through a permutation of all gathered rows (which missed the cache:
+  4x the time of the same gathers per batch).
+- `unpack_records(data, ...)`: records (a spill file's, a Beam bucket's) into one chunk's
+  columns; a bucket's file holds one record per gathering (RIPE Atlas's month: ~17,500),
+  which numpy took ~20 µs each to unpack.
 
 Compiled by numba with `cache=True` (once per machine, loaded by later runs); a first compile
 that takes more than ~2 s says so on stderr with its time (`warmup.noted`).
@@ -202,8 +203,19 @@ def rtt_payload(rtt_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @numba.njit(cache=True, nogil=True)
-def _padded(size):
-  return size + (-size) % 8
+def record_layout(n, k, hashed):
+  """(size, offsets of the probe, dst, seconds, rtt and hashed-order parts) of the record of
+  n rows and k probe keys (integers, or int64 arrays of them): a header of three int64 (n, k,
+  hashed), the keys (17 bytes each), their uint64 hashes, the rows' probes (int32), dst (16
+  bytes), seconds (uint32), rtt payloads (2 bytes) and hashed orders (2 bytes, if hashed),
+  each part starting on 8 bytes."""
+  probe = 24 + (17 * k + 7) // 8 * 8 + 8 * k
+  dst = probe + (4 * n + 7) // 8 * 8
+  seconds = dst + 16 * n
+  rtt = seconds + (4 * n + 7) // 8 * 8
+  order = rtt + (2 * n + 7) // 8 * 8
+  size = order + (2 * n + 7) // 8 * 8 * hashed
+  return size, probe, dst, seconds, rtt, order
 
 
 @numba.njit(cache=True, nogil=True)
@@ -211,41 +223,32 @@ def _unpack_records(data, row, key, probe, dst, seconds, rtt, order, keys, hashe
   at = 0
   while at + 24 <= len(data):
     n, k, hashed = data[at : at + 24].view(np.int64)
-    size = 24 + _padded(17 * k) + 8 * k + _padded(4 * n) + 16 * n + _padded(4 * n)
-    size += _padded(2 * n) * (2 if hashed else 1)
+    size, p_probe, p_dst, p_seconds, p_rtt, p_order = record_layout(n, k, hashed)
     if at + size > len(data):
       break  # the record goes on past the block
-    at += 24
-    keys[17 * key : 17 * (key + k)] = data[at : at + 17 * k]
-    at += _padded(17 * k)
-    hashes[8 * key : 8 * (key + k)] = data[at : at + 8 * k]
-    at += 8 * k
-    probe[row : row + n] = data[at : at + 4 * n].view(np.int32) + key
-    at += _padded(4 * n)
-    dst[16 * row : 16 * (row + n)] = data[at : at + 16 * n]
-    at += 16 * n
-    seconds[row : row + n] = data[at : at + 4 * n].view(np.uint32)
-    at += _padded(4 * n)
-    rtt[2 * row : 2 * (row + n)] = data[at : at + 2 * n]
-    at += _padded(2 * n)
+    keys[17 * key : 17 * (key + k)] = data[at + 24 : at + 24 + 17 * k]
+    hashes[8 * key : 8 * (key + k)] = data[at + p_probe - 8 * k : at + p_probe]
+    probe[row : row + n] = data[at + p_probe : at + p_probe + 4 * n].view(np.int32) + key
+    dst[16 * row : 16 * (row + n)] = data[at + p_dst : at + p_dst + 16 * n]
+    seconds[row : row + n] = data[at + p_seconds : at + p_seconds + 4 * n].view(np.uint32)
+    rtt[2 * row : 2 * (row + n)] = data[at + p_rtt : at + p_rtt + 2 * n]
     if hashed:
-      order[2 * row : 2 * (row + n)] = data[at : at + 2 * n]
-      at += _padded(2 * n)
+      order[2 * row : 2 * (row + n)] = data[at + p_order : at + p_order + 2 * n]
+    at += size
     row += n
     key += k
   return at, row, key
 
 
 def unpack_records(data, row: int, key: int, probe, dst, seconds, rtt, order, keys, hashes):
-  """The whole records at the start of uint8 `data` (`local_runner.SpillWriter.add`) into
-  the columns from row `row` (probe int32, dst uint8 [N, 16], seconds int64, rtt uint8
-  [N, 2], order uint8 [N, 2] or [0, 2] without the hashed order) and the probe tables (keys
-  uint8 [K, 17], hashes uint64 [K]) from key `key`, each row's probe made an index into the
-  joined table. Every copy is of contiguous bytes (the records are columns, each padded to
-  8 bytes), the seconds widened as they are copied.
+  """The whole records at the start of uint8 `data` (`partition.Records`) into the columns
+  from row `row` (probe int32, dst uint8 [N, 16], seconds int64, rtt uint8 [N, 2], order
+  uint8 [N, 2] or [0, 2] without the hashed order) and the probe tables (keys uint8
+  [K, 17], hashes uint64 [K]) from key `key`, each row's probe made an index into the joined
+  table. Every copy is of contiguous bytes, the seconds widened as they are copied.
 
   (bytes read, rows, keys written so far): the bytes after those begin a record that goes on
-  past `data`. The caller sizes the arrays from the counts it kept while writing.
+  past `data`. The caller sizes the arrays from the records' headers.
   """
   flat = [a.reshape(-1) for a in (dst, rtt, order, keys)]
   return _unpack_records(
@@ -254,39 +257,61 @@ def unpack_records(data, row: int, key: int, probe, dst, seconds, rtt, order, ke
 
 
 @numba.njit(cache=True, nogil=True)
+def _record_heads(data, held, start, rows, key_bounds, hashed, keys, hashes):
+  words = data.view(np.int64)
+  for i in range(len(held)):
+    at, k0, k1 = start[i], key_bounds[i], key_bounds[i + 1]
+    words[at // 8] = rows[i]
+    words[at // 8 + 1] = k1 - k0
+    words[at // 8 + 2] = hashed
+    data[at + 24 : at + 24 + 17 * (k1 - k0)] = keys[17 * k0 : 17 * k1]
+    probe_at = record_layout(rows[i], k1 - k0, hashed)[1]
+    data[at + probe_at - 8 * (k1 - k0) : at + probe_at] = hashes[8 * k0 : 8 * k1]
+
+
+@numba.njit(cache=True, nogil=True)
 def _scatter_rows(probe, key_at, key_bucket, key_local, dst, seconds, rtt, order, cursor,
-                  out_probe, out_dst, out_seconds, out_rtt, out_order):  # fmt: skip
+                  parts, data):  # fmt: skip
+  d32, d64, d16 = data.view(np.uint32), data.view(np.uint64), data.view(np.uint16)
   hashed = order.shape[0] > 0
   for i in range(len(probe)):
     key = key_at + probe[i]
     bucket = key_bucket[key]
     j = cursor[bucket]
     cursor[bucket] = j + 1
-    out_probe[j] = key_local[key]
-    out_dst[j, 0] = dst[i, 0]
-    out_dst[j, 1] = dst[i, 1]
-    out_seconds[j] = seconds[i]
-    out_rtt[j] = rtt[i]
+    d32[parts[bucket, 0] // 4 + j] = key_local[key]
+    d64[parts[bucket, 1] // 8 + 2 * j] = dst[i, 0]
+    d64[parts[bucket, 1] // 8 + 2 * j + 1] = dst[i, 1]
+    d32[parts[bucket, 2] // 4 + j] = seconds[i]
+    d16[parts[bucket, 3] // 2 + j] = rtt[i]
     if hashed:
-      out_order[j] = order[i]
+      d16[parts[bucket, 4] // 2 + j] = order[i]
 
 
-def scatter_rows(probe, key_at: int, key_bucket, key_local, columns: dict, cursor, out) -> None:
+def write_records(data, held, start, rows, key_bounds, hashed: bool, keys, hashes) -> None:
+  """The head of each record in uint8 `data` (zeros, 8-aligned): record i, of bucket
+  `held[i]`, starts at byte `start[i]` and holds `rows[i]` rows and the probe keys
+  `keys[key_bounds[i]:key_bounds[i + 1]]` (uint8 [K, 17], with their uint64 `hashes`)."""
+  _record_heads(
+    data, held, start, rows, key_bounds, int(hashed), keys.reshape(-1), hashes.view(np.uint8)
+  )
+
+
+def scatter_rows(probe, key_at: int, key_bucket, key_local, columns: dict, cursor, parts,
+                 data) -> None:  # fmt: skip
   """Place the rows of one chunk (probe int32 [n], indexing keys `key_at + probe` of the
-  gathered table) into `out` = (probe, columns) in bucket order: row i goes to place
-  `cursor[key_bucket[key]]`, which it advances, its probe made `key_local[key]` (the key's
-  number in its bucket's table). The chunk is read once, in order."""
-  out_probe, out_columns = out
+  gathered table) into their buckets' records in `data`: row i is row `cursor[bucket]` of its
+  bucket's record (the counter advanced), whose parts (probe, dst, seconds, rtt, hashed
+  order) start at bytes `parts[bucket]`; its probe is written as `key_local[key]`, the key's
+  number in its bucket's table. The chunk is read once, in order."""
 
-  def words(columns: dict, name: str) -> np.ndarray:  # 2-byte rows as one uint16 each
+  def words(name: str) -> np.ndarray:  # 2-byte rows as one uint16 each
     array = columns.get(name)
     return np.zeros(0, np.uint16) if array is None else array.view(np.uint16).reshape(-1)
 
   _scatter_rows(
     probe, key_at, key_bucket, key_local, columns["dst"].view(np.uint64), columns["seconds"],
-    words(columns, "rtt_bytes"), words(columns, "hashed_order"), cursor, out_probe,
-    out_columns["dst"].view(np.uint64), out_columns["seconds"], words(out_columns, "rtt_bytes"),
-    words(out_columns, "hashed_order"),
+    words("rtt_bytes"), words("hashed_order"), cursor, parts, data,
   )  # fmt: skip
 
 
@@ -304,11 +329,12 @@ def compile_seconds() -> float:
   unpack_records(np.zeros(0, np.uint8), 0, 0, np.zeros(0, np.int32), np.zeros((0, 16), np.uint8),
                  np.zeros(0, np.int64), two, two, np.zeros((0, 17), np.uint8),
                  np.zeros(0, np.uint64))  # fmt: skip
-  one = np.zeros(1, np.int64)
+  one, data = np.zeros(1, np.int64), np.zeros(64, np.uint8)
+  write_records(data, one, one, one, np.array([0, 1]), False, np.zeros((1, 17), np.uint8),
+                np.zeros(1, np.uint64))  # fmt: skip
   columns = {"dst": np.zeros((1, 16), np.uint8), "seconds": one, "rtt_bytes": two[:1].copy()}
-  out = {**columns, "seconds": np.zeros(1, np.uint32)}
   scatter_rows(np.zeros(1, np.int32), 0, one, np.zeros(1, np.int32), columns, one.copy(),
-               (np.zeros(1, np.int32), out))  # fmt: skip
+               np.zeros((1, 5), np.int64) + 8, np.zeros(64, np.uint8))  # fmt: skip
   return time.perf_counter() - started
 
 
@@ -319,4 +345,5 @@ _time_grouped_order = warmup.noted(_time_grouped_order, "prepare: compiled the t
 _ties = warmup.noted(_ties, "prepare: compiled the tie check")
 _rtt_payload = warmup.noted(_rtt_payload, "prepare: compiled the RTT payload pass")
 _unpack_records = warmup.noted(_unpack_records, "prepare: compiled the spill reader")
+_record_heads = warmup.noted(_record_heads, "prepare: compiled the spill record heads")
 _scatter_rows = warmup.noted(_scatter_rows, "prepare: compiled the bucket scatter")

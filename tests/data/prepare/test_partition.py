@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from maxtext_netdata.data.prepare import assemble, partition, prepare, probes
+from maxtext_netdata.data.prepare import assemble, local_runner, partition, prepare, probes
 from maxtext_netdata.data.store import store
 from maxtext_netdata.data.synthetic.generate import generate
 from tests.helpers import REPO
@@ -38,7 +38,10 @@ def raw_files(tmp_path_factory):
 )
 def test_bucket_count_does_not_change_the_store(tmp_path, raw_files, monkeypatch, overrides):
   one = prepare.prepare(store_config(tmp_path / "one", raw_files, *overrides), progress=False)
-  monkeypatch.setattr(partition, "MAX_BUCKET_ROWS", 2_000)  # 15 buckets instead of 1
+  # 15 buckets instead of 1, rows gathered 2,000 at a time: several records a spill file, read
+  # back 64 bytes at a time (less than a record: the block grows; records cross blocks).
+  monkeypatch.setattr(partition, "MAX_BUCKET_ROWS", 2_000)
+  monkeypatch.setattr(local_runner, "SPILL_BLOCK", 64)
   many = prepare.prepare(
     store_config(tmp_path / "many", raw_files[::-1], *overrides), progress=False
   )
@@ -56,6 +59,32 @@ def test_bucket_count_does_not_change_the_store(tmp_path, raw_files, monkeypatch
   keys = np.concatenate([one.train.probe_version[:, None], one.train.probe_src], axis=1)
   assert (np.diff(probes.probe_hashes(keys).astype(np.float64)) >= 0).all()
   assert not glob.glob(str(tmp_path / "*" / ".*"))  # no spill, pieces or lock left
+
+
+LIMITED_PREPARE = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[1])))
+from maxtext_netdata.data.prepare import partition, prepare
+from tests.helpers.pipeline import store_config
+partition.MAX_BUCKET_ROWS = 100  # 300 buckets for 30k rows
+prepare.prepare(store_config(sys.argv[2], sys.argv[3:]), progress=False)
+"""
+
+
+def test_more_buckets_than_files_a_process_may_open_build_the_same_store(tmp_path, raw_files):
+  # RIPE Atlas's month is ~17,500 buckets; a soft limit of 1024 open files is common. Here a
+  # hard limit of 128 leaves no room to keep 300 spill files open: each record's file is
+  # opened and closed again.
+  one = prepare.prepare(store_config(tmp_path / "one", raw_files), progress=False)
+  subprocess.run(
+    [sys.executable, "-c", LIMITED_PREPARE, "128", str(tmp_path / "many"), *raw_files],
+    check=True, cwd=REPO, timeout=300,
+  )  # fmt: skip
+  (many,) = glob.glob(str(tmp_path / "many" / "*" / "meta.json"))
+  a, b = store_files(one.summary["path"]), store_files(os.path.dirname(many))
+  assert a.keys() == b.keys()
+  for name in a:
+    assert a[name] == b[name], name
 
 
 def test_time_cutoff_is_numpys_higher_quantile(tmp_path):

@@ -100,16 +100,49 @@ def test_the_probe_hash_is_the_probe_split_hash_and_buckets_keep_its_order():
     assert (np.diff(bucket) >= 0).all()
 
 
-def test_chunks_survive_their_byte_form():
-  columns = raw_columns(*[ROWS[k] for k in ROWS])
+def test_a_batch_split_into_records_keeps_every_row_in_its_probes_bucket():
+  # Times at both ends of what a store keeps: records carry the seconds as uint32.
+  rows = {**ROWS, "seconds": [0, 2**32 - 1, 20, 5, 2**32 - 2, 7, 20]}
+  columns = raw_columns(*[rows[k] for k in rows])
+  key_of = {
+    (v, s): (v, *(socket_bytes(v, s) if s else bytes(16)))
+    for v, s in zip(rows["version"], rows["src"], strict=True)
+  }
   for hashed in (False, True):
-    for _, chunk in partition.partition(columns, 3, hashed):
-      back = partition.Chunk.from_bytes(chunk.to_bytes())
-      for name in ("keys", "hashes", "probe"):
-        np.testing.assert_array_equal(getattr(back, name), getattr(chunk, name))
-      assert back.columns.keys() == chunk.columns.keys()
-      for name, array in chunk.columns.items():
-        np.testing.assert_array_equal(back.columns[name], array)
+    whole = partition.batch_chunk(columns, hashed)
+    expected = sorted(_rows_of(whole))
+    for buckets in (1, 3, 64):
+      got = []
+      for bucket, chunk in partition.partition(columns, buckets, hashed):
+        assert (partition.bucket_of(chunk.hashes, buckets) == bucket).all()
+        np.testing.assert_array_equal(chunk.hashes, probes.probe_hashes(chunk.keys))
+        assert chunk.columns.keys() == whole.columns.keys()
+        got += _rows_of(chunk)
+      assert sorted(got) == expected, (hashed, buckets)
+  assert sorted(r[2] for r in expected) == sorted(rows["seconds"])
+  assert {r[0] for r in expected} == set(key_of.values())
+
+
+def socket_bytes(version: int, text: str) -> bytes:
+  import socket  # noqa: PLC0415
+
+  family = socket.AF_INET if version == 4 else socket.AF_INET6
+  return socket.inet_pton(family, text).ljust(16, b"\0")
+
+
+def _rows_of(chunk: partition.Chunk) -> list[tuple]:
+  """Each row of a chunk as (probe key, dst, seconds, rtt payload, hashed order)."""
+  order = chunk.columns.get("hashed_order")
+  return [
+    (
+      tuple(chunk.keys[chunk.probe[i]].tolist()),
+      chunk.columns["dst"][i].tobytes(),
+      int(chunk.columns["seconds"][i]),
+      chunk.columns["rtt_bytes"][i].tobytes(),
+      None if order is None else order[i].tobytes(),
+    )
+    for i in range(len(chunk))
+  ]
 
 
 def test_take_rows_matches_fancy_indexing():
