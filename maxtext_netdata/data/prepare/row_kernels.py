@@ -202,7 +202,6 @@ def rtt_payload(rtt_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return out, failed
 
 
-@numba.njit(cache=True, nogil=True)
 def record_layout(n, k, hashed):
   """(size, offsets of the probe, dst, seconds, rtt and hashed-order parts) of the record of
   n rows and k probe keys (integers, or int64 arrays of them): a header of three int64 (n, k,
@@ -218,22 +217,31 @@ def record_layout(n, k, hashed):
   return size, probe, dst, seconds, rtt, order
 
 
+# The same arithmetic, compiled, for the kernels (numpy computes it for arrays of records).
+_layout = numba.njit(cache=True, nogil=True)(record_layout)
+
+
 @numba.njit(cache=True, nogil=True)
-def _unpack_records(data, row, key, probe, dst, seconds, rtt, order, keys, hashes):
-  at = 0
+def _unpack_records(data, d16, d32, d64, row, key, probe, dst, seconds, rtt, order, keys, hashes):
+  at = 0  # records start on 8 bytes: the views index their parts directly
   while at + 24 <= len(data):
-    n, k, hashed = data[at : at + 24].view(np.int64)
-    size, p_probe, p_dst, p_seconds, p_rtt, p_order = record_layout(n, k, hashed)
+    n, k, hashed = d64[at // 8], d64[at // 8 + 1], d64[at // 8 + 2]
+    size, p_probe, p_dst, p_seconds, p_rtt, p_order = _layout(n, k, hashed)
     if at + size > len(data):
       break  # the record goes on past the block
-    keys[17 * key : 17 * (key + k)] = data[at + 24 : at + 24 + 17 * k]
-    hashes[8 * key : 8 * (key + k)] = data[at + p_probe - 8 * k : at + p_probe]
-    probe[row : row + n] = data[at + p_probe : at + p_probe + 4 * n].view(np.int32) + key
-    dst[16 * row : 16 * (row + n)] = data[at + p_dst : at + p_dst + 16 * n]
-    seconds[row : row + n] = data[at + p_seconds : at + p_seconds + 4 * n].view(np.uint32)
-    rtt[2 * row : 2 * (row + n)] = data[at + p_rtt : at + p_rtt + 2 * n]
+    for j in range(17 * k):
+      keys[17 * key + j] = data[at + 24 + j]
+    for j in range(k):
+      hashes[key + j] = d64[(at + p_probe) // 8 - k + j]
+    for i in range(n):
+      probe[row + i] = d32[(at + p_probe) // 4 + i] + key
+      dst[row + i, 0] = d64[(at + p_dst) // 8 + 2 * i]
+      dst[row + i, 1] = d64[(at + p_dst) // 8 + 2 * i + 1]
+      seconds[row + i] = d32[(at + p_seconds) // 4 + i]
+      rtt[row + i] = d16[(at + p_rtt) // 2 + i]
     if hashed:
-      order[2 * row : 2 * (row + n)] = data[at + p_order : at + p_order + 2 * n]
+      for i in range(n):
+        order[row + i] = d16[(at + p_order) // 2 + i]
     at += size
     row += n
     key += k
@@ -241,38 +249,43 @@ def _unpack_records(data, row, key, probe, dst, seconds, rtt, order, keys, hashe
 
 
 def unpack_records(data, row: int, key: int, probe, dst, seconds, rtt, order, keys, hashes):
-  """The whole records at the start of uint8 `data` (`partition.Records`) into the columns
-  from row `row` (probe int32, dst uint8 [N, 16], seconds int64, rtt uint8 [N, 2], order
-  uint8 [N, 2] or [0, 2] without the hashed order) and the probe tables (keys uint8
-  [K, 17], hashes uint64 [K]) from key `key`, each row's probe made an index into the joined
-  table. Every copy is of contiguous bytes, the seconds widened as they are copied.
+  """The whole records at the start of uint8 `data` (`partition.Records`; 8-aligned) into
+  the columns from row `row` (probe int32, dst uint8 [N, 16], seconds int64, rtt uint8
+  [N, 2], order uint8 [N, 2] or [0, 2] without the hashed order) and the probe tables (keys
+  uint8 [K, 17], hashes uint64 [K]) from key `key`, each row's probe made an index into the
+  joined table, the seconds widened.
 
   (bytes read, rows, keys written so far): the bytes after those begin a record that goes on
   past `data`. The caller sizes the arrays from the records' headers.
   """
-  flat = [a.reshape(-1) for a in (dst, rtt, order, keys)]
+  views = [data[: len(data) // size * size].view(dtype) for size, dtype in _WORDS]
   return _unpack_records(
-    data, row, key, probe, flat[0], seconds, flat[1], flat[2], flat[3], hashes.view(np.uint8)
-  )
+    data, *views, row, key, probe, dst.view(np.uint64), seconds,
+    rtt.view(np.uint16).reshape(-1), order.view(np.uint16).reshape(-1), keys.reshape(-1),
+    hashes,
+  )  # fmt: skip
+
+
+_WORDS = ((2, np.uint16), (4, np.uint32), (8, np.uint64))
 
 
 @numba.njit(cache=True, nogil=True)
-def _record_heads(data, held, start, rows, key_bounds, hashed, keys, hashes):
-  words = data.view(np.int64)
+def _record_heads(data, d64, held, start, rows, key_bounds, hashed, keys, hashes):
   for i in range(len(held)):
     at, k0, k1 = start[i], key_bounds[i], key_bounds[i + 1]
-    words[at // 8] = rows[i]
-    words[at // 8 + 1] = k1 - k0
-    words[at // 8 + 2] = hashed
-    data[at + 24 : at + 24 + 17 * (k1 - k0)] = keys[17 * k0 : 17 * k1]
-    probe_at = record_layout(rows[i], k1 - k0, hashed)[1]
-    data[at + probe_at - 8 * (k1 - k0) : at + probe_at] = hashes[8 * k0 : 8 * k1]
+    d64[at // 8] = rows[i]
+    d64[at // 8 + 1] = k1 - k0
+    d64[at // 8 + 2] = hashed
+    for j in range(17 * (k1 - k0)):
+      data[at + 24 + j] = keys[17 * k0 + j]
+    probe_at = _layout(rows[i], k1 - k0, hashed)[1]
+    for j in range(k1 - k0):
+      d64[(at + probe_at) // 8 - (k1 - k0) + j] = hashes[k0 + j]
 
 
 @numba.njit(cache=True, nogil=True)
 def _scatter_rows(probe, key_at, key_bucket, key_local, dst, seconds, rtt, order, cursor,
-                  parts, data):  # fmt: skip
-  d32, d64, d16 = data.view(np.uint32), data.view(np.uint64), data.view(np.uint16)
+                  parts, d16, d32, d64):  # fmt: skip
   hashed = order.shape[0] > 0
   for i in range(len(probe)):
     key = key_at + probe[i]
@@ -293,8 +306,9 @@ def write_records(data, held, start, rows, key_bounds, hashed: bool, keys, hashe
   `held[i]`, starts at byte `start[i]` and holds `rows[i]` rows and the probe keys
   `keys[key_bounds[i]:key_bounds[i + 1]]` (uint8 [K, 17], with their uint64 `hashes`)."""
   _record_heads(
-    data, held, start, rows, key_bounds, int(hashed), keys.reshape(-1), hashes.view(np.uint8)
-  )
+    data, data.view(np.int64), held, start, rows, key_bounds, int(hashed), keys.reshape(-1),
+    hashes,
+  )  # fmt: skip
 
 
 def scatter_rows(probe, key_at: int, key_bucket, key_local, columns: dict, cursor, parts,
@@ -311,7 +325,8 @@ def scatter_rows(probe, key_at: int, key_bucket, key_local, columns: dict, curso
 
   _scatter_rows(
     probe, key_at, key_bucket, key_local, columns["dst"].view(np.uint64), columns["seconds"],
-    words("rtt_bytes"), words("hashed_order"), cursor, parts, data,
+    words("rtt_bytes"), words("hashed_order"), cursor, parts,
+    *(data.view(dtype) for _, dtype in _WORDS),
   )  # fmt: skip
 
 
