@@ -21,7 +21,7 @@ import tqdm
 from maxtext_netdata.config import iso_seconds
 from maxtext_netdata.data.prepare import assemble, partition, row_kernels
 from maxtext_netdata.data.raw import reader
-from maxtext_netdata.data.store import store
+from maxtext_netdata.data.store import dst_table, store
 from maxtext_netdata.errors import ConfigError, DataError, WritesTo
 
 
@@ -69,7 +69,9 @@ def spill(config, options, files, metadata, *, buckets, folder, progress, on_chu
   with_order, skip_bad = uses_hashed_order(config), config.network_skip_bad_rows
   bounds = time_bounds(config)
   gather = partition.Gather(
-    buckets, partition.gather_rows(buckets, config.network_prepare_memory_mb)
+    buckets,
+    partition.gather_rows(buckets, config.network_prepare_memory_mb),
+    dst_table=writer.dst_table,
   )
   total = sum(m.num_rows for m in metadata)
 
@@ -195,6 +197,8 @@ class SpillWriter:
     self.files: dict[int, object] = {}  # the open files, when they stay open
     self.written: set[int] = set()
     self.held: list[partition.Chunk] | None = [] if buckets == 1 else None
+    # The build's destinations, which the records index (`partition.Records`).
+    self.dst_table = dst_table.DstEncoder()
     self.buffers: dict[str, np.ndarray] = {}
     self.keep_open, self.limit = True, None
     if buckets > 1:
@@ -267,7 +271,9 @@ class SpillWriter:
     block = _buffer(self.buffers, "block", np.uint8, (SPILL_BLOCK,))
     with open(path, "rb") as f:
       while got := f.readinto(memoryview(block)[held:]):
-        used, row, key = row_kernels.unpack_records(block[: held + got], row, key, *arrays)
+        used, row, key = row_kernels.unpack_records(
+          block[: held + got], row, key, *arrays, self.dst_table.table()
+        )
         held = held + got - used
         block[:held] = block[used : used + held]
         if held == len(block):  # one record larger than the block: a larger block

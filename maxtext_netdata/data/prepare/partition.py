@@ -119,6 +119,10 @@ class Records:
   with one write (`local_runner.SpillWriter`), the Beam runner ships it as one element, and
   `read_records` makes a bucket's records one chunk again.
 
+  The built-in runner's records keep each destination as a uint32 index into a table of
+  the build's destinations (`row_kernels.DST_INDEXED`; 14 bytes a row instead of 26): the
+  Beam runner's workers share no such table and keep the 16 bytes.
+
   In this machine's byte order: records are read by the machine that wrote them, or by Beam
   workers of the same kind.
   """
@@ -128,7 +132,11 @@ class Records:
   bounds: np.ndarray  # int64 [B' + 1]
   rows: np.ndarray  # int64 [B']
   keys: np.ndarray  # int64 [B']
-  hashed: bool
+  flags: int  # row_kernels.HASHED | row_kernels.DST_INDEXED
+
+  @property
+  def hashed(self) -> bool:
+    return bool(self.flags & row_kernels.HASHED)
 
   def __iter__(self):
     """(bucket, record: uint8 array) of each bucket."""
@@ -136,32 +144,32 @@ class Records:
     for i, bucket in enumerate(self.buckets.tolist()):
       yield bucket, self.data[bounds[i] : bounds[i + 1]]
 
-  def chunks(self):
-    """(bucket, Chunk) of each bucket."""
+  def chunks(self, dst_table: np.ndarray | None = None):
+    """(bucket, Chunk) of each bucket (`dst_table`: that of the records' destinations)."""
     for bucket, record in self:
-      yield bucket, read_records([record])
+      yield bucket, read_records([record], dst_table)
 
 
-def read_records(records: list) -> Chunk:
+def read_records(records: list, dst_table: np.ndarray | None = None) -> Chunk:
   """One chunk of the rows of `records` (uint8 arrays or bytes, each one or more whole
-  `Records` records), their probe tables joined."""
+  `Records` records), their probe tables joined; `dst_table` (uint8 [D, 16]) is the table of
+  destinations that indexed records were written with."""
   arrays = [np.frombuffer(r, np.uint8) for r in records]
-  rows = keys = 0
-  hashed = False
+  rows = keys = flags = 0
   for array in arrays:
     at = 0
     while at < len(array):
-      n, k, hashed_flag = (int(x) for x in array[at : at + 24].view(np.int64))
-      rows, keys, hashed = rows + n, keys + k, bool(hashed_flag)
-      at += int(row_kernels.record_layout(n, k, hashed_flag)[0])
+      n, k, flags = (int(x) for x in array[at : at + 24].view(np.int64))
+      rows, keys = rows + n, keys + k
+      at += int(row_kernels.record_layout(n, k, flags)[0])
   data = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
   columns = {}
-  for name in _names(hashed):
+  for name in _names(bool(flags & row_kernels.HASHED)):
     dtype, tail = store.ROW_ARRAYS[name]
     columns[name] = np.empty((rows, *tail), dtype)
   probe = np.empty(rows, np.int32)
   chunk = Chunk(np.empty((keys, 17), np.uint8), np.empty(keys, np.uint64), probe, columns)
-  used, got_rows, got_keys = row_kernels.unpack_records(data, 0, 0, *chunk_arrays(chunk))
+  used, got_rows, got_keys = row_kernels.unpack_records(data, 0, 0, *chunk_arrays(chunk), dst_table)
   assert (used, got_rows, got_keys) == (len(data), rows, keys), (used, got_rows, got_keys)
   return chunk
 
@@ -174,12 +182,15 @@ def chunk_arrays(chunk: Chunk) -> tuple:
           chunk.keys, chunk.hashes)  # fmt: skip
 
 
-def split_chunks(chunks: list[Chunk], buckets: int) -> Records:
+def split_chunks(chunks: list[Chunk], buckets: int, dst_table=None) -> Records:
   """The rows of `chunks` by bucket, as records (`row_kernels.write_records`, `scatter_rows`);
   a bucket's probe table is its probes' keys in the chunks' order, a bucket's rows the
   chunks' rows in their order. `chunks` is emptied as each is placed, so that its memory
-  goes as the records fill."""
-  hashed = "hashed_order" in chunks[0].columns
+  goes as the records fill. With `dst_table` (a `dst_table.DstEncoder` kept for the build)
+  the records keep each destination as its index in that table."""
+  flags = row_kernels.HASHED if "hashed_order" in chunks[0].columns else 0
+  if dst_table is not None:
+    flags |= row_kernels.DST_INDEXED
   keys = np.concatenate([c.keys for c in chunks])
   hashes = np.concatenate([c.hashes for c in chunks])
   key_at = np.cumsum([0, *(len(c.keys) for c in chunks)])
@@ -192,12 +203,12 @@ def split_chunks(chunks: list[Chunk], buckets: int) -> Records:
   key_rows = np.concatenate([np.bincount(c.probe, minlength=len(c.keys)) for c in chunks])
   rows = np.bincount(key_bucket, weights=key_rows, minlength=buckets).astype(np.int64)
   held = np.flatnonzero(np.diff(key_bounds))
-  layout = row_kernels.record_layout(rows[held], np.diff(key_bounds)[held], int(hashed))
+  layout = row_kernels.record_layout(rows[held], np.diff(key_bounds)[held], flags)
   bounds = np.zeros(len(held) + 1, np.int64)
   np.cumsum(layout[0], out=bounds[1:])
   data = np.zeros(int(bounds[-1]), np.uint8)
   row_kernels.write_records(
-    data, held, bounds[:-1], rows[held], np.append(key_bounds[held], key_bounds[-1]), hashed,
+    data, held, bounds[:-1], rows[held], np.append(key_bounds[held], key_bounds[-1]), flags,
     keys[key_order], hashes[key_order],
   )  # fmt: skip
   parts = np.zeros((buckets, 5), np.int64)  # each bucket's parts' first bytes in `data`
@@ -205,13 +216,14 @@ def split_chunks(chunks: list[Chunk], buckets: int) -> Records:
   cursor = np.zeros(buckets, np.int64)
   for at in key_at[:-1].tolist():
     chunk = chunks.pop(0)
+    index = None if dst_table is None else dst_table.encode(chunk.columns["dst"])
     row_kernels.scatter_rows(
-      chunk.probe, at, key_bucket, key_local, chunk.columns, cursor, parts, data
+      chunk.probe, at, key_bucket, key_local, chunk.columns, cursor, parts, data, index
     )
-    del chunk
+    del chunk, index
   return Records(
     data=data, buckets=held, bounds=bounds, rows=rows[held], keys=np.diff(key_bounds)[held],
-    hashed=hashed,
+    flags=flags,
   )  # fmt: skip
 
 
@@ -250,8 +262,8 @@ class Gather:
   rest of prepare takes ~0.3. Gathered first, a bucket gets one chunk per `rows` rows.
   """
 
-  def __init__(self, buckets: int, rows: int):
-    self.buckets, self.rows = buckets, rows
+  def __init__(self, buckets: int, rows: int, dst_table=None):
+    self.buckets, self.rows, self.dst_table = buckets, rows, dst_table
     self.pending: list[Chunk] = []
     self.pending_rows = 0
 
@@ -266,7 +278,7 @@ class Gather:
     if not self.pending:
       return None
     self.pending_rows = 0
-    return split_chunks(self.pending, self.buckets)
+    return split_chunks(self.pending, self.buckets, self.dst_table)
 
 
 def read_chunks(entry, metadata, options, *, hashed, skip_bad, report, on_rows=None,

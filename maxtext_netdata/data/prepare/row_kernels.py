@@ -202,15 +202,20 @@ def rtt_payload(rtt_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return out, failed
 
 
-def record_layout(n, k, hashed):
+HASHED, DST_INDEXED = 1, 2  # a record's flags
+
+
+def record_layout(n, k, flags):
   """(size, offsets of the probe, dst, seconds, rtt and hashed-order parts) of the record of
   n rows and k probe keys (integers, or int64 arrays of them): a header of three int64 (n, k,
-  hashed), the keys (17 bytes each), their uint64 hashes, the rows' probes (int32), dst (16
-  bytes), seconds (uint32), rtt payloads (2 bytes) and hashed orders (2 bytes, if hashed),
-  each part starting on 8 bytes."""
+  flags), the keys (17 bytes each), their uint64 hashes, the rows' probes (int32), dst (16
+  bytes, or with `DST_INDEXED` a uint32 index into the build's table of destinations),
+  seconds (uint32), rtt payloads (2 bytes) and hashed orders (2 bytes, with `HASHED`), each
+  part starting on 8 bytes."""
+  hashed, indexed = flags & HASHED, (flags & DST_INDEXED) // DST_INDEXED
   probe = 24 + (17 * k + 7) // 8 * 8 + 8 * k
   dst = probe + (4 * n + 7) // 8 * 8
-  seconds = dst + 16 * n
+  seconds = dst + 16 * n * (1 - indexed) + (4 * n + 7) // 8 * 8 * indexed
   rtt = seconds + (4 * n + 7) // 8 * 8
   order = rtt + (2 * n + 7) // 8 * 8
   size = order + (2 * n + 7) // 8 * 8 * hashed
@@ -222,24 +227,34 @@ _layout = numba.njit(cache=True, nogil=True)(record_layout)
 
 
 @numba.njit(cache=True, nogil=True)
-def _unpack_records(data, d16, d32, d64, row, key, probe, dst, seconds, rtt, order, keys, hashes):
+def _unpack_records(data, d16, d32, d64, row, key, probe, dst, seconds, rtt, order, keys, hashes,
+                    table):  # fmt: skip
   at = 0  # records start on 8 bytes: the views index their parts directly
   while at + 24 <= len(data):
-    n, k, hashed = d64[at // 8], d64[at // 8 + 1], d64[at // 8 + 2]
-    size, p_probe, p_dst, p_seconds, p_rtt, p_order = _layout(n, k, hashed)
+    n, k, flags = d64[at // 8], d64[at // 8 + 1], d64[at // 8 + 2]
+    size, p_probe, p_dst, p_seconds, p_rtt, p_order = _layout(n, k, flags)
     if at + size > len(data):
       break  # the record goes on past the block
+    if flags & DST_INDEXED and len(table) == 0:
+      return -1, row, key  # an indexed record without its table
     for j in range(17 * k):
       keys[17 * key + j] = data[at + 24 + j]
     for j in range(k):
       hashes[key + j] = d64[(at + p_probe) // 8 - k + j]
     for i in range(n):
       probe[row + i] = d32[(at + p_probe) // 4 + i] + key
-      dst[row + i, 0] = d64[(at + p_dst) // 8 + 2 * i]
-      dst[row + i, 1] = d64[(at + p_dst) // 8 + 2 * i + 1]
       seconds[row + i] = d32[(at + p_seconds) // 4 + i]
       rtt[row + i] = d16[(at + p_rtt) // 2 + i]
-    if hashed:
+    if flags & DST_INDEXED:
+      for i in range(n):
+        entry = d32[(at + p_dst) // 4 + i]
+        dst[row + i, 0] = table[entry, 0]
+        dst[row + i, 1] = table[entry, 1]
+    else:
+      for i in range(n):
+        dst[row + i, 0] = d64[(at + p_dst) // 8 + 2 * i]
+        dst[row + i, 1] = d64[(at + p_dst) // 8 + 2 * i + 1]
+    if flags & HASHED:
       for i in range(n):
         order[row + i] = d16[(at + p_order) // 2 + i]
     at += size
@@ -248,83 +263,93 @@ def _unpack_records(data, d16, d32, d64, row, key, probe, dst, seconds, rtt, ord
   return at, row, key
 
 
-def unpack_records(data, row: int, key: int, probe, dst, seconds, rtt, order, keys, hashes):
+def unpack_records(data, row: int, key: int, probe, dst, seconds, rtt, order, keys, hashes,
+                   table=None):  # fmt: skip
   """The whole records at the start of uint8 `data` (`partition.Records`; 8-aligned) into
   the columns from row `row` (probe int32, dst uint8 [N, 16], seconds int64, rtt uint8
   [N, 2], order uint8 [N, 2] or [0, 2] without the hashed order) and the probe tables (keys
   uint8 [K, 17], hashes uint64 [K]) from key `key`, each row's probe made an index into the
-  joined table, the seconds widened.
+  joined table, the seconds widened, an indexed destination looked up in `table` (uint8
+  [D, 16], the build's table the records were written with).
 
   (bytes read, rows, keys written so far): the bytes after those begin a record that goes on
   past `data`. The caller sizes the arrays from the records' headers.
   """
   views = [data[: len(data) // size * size].view(dtype) for size, dtype in _WORDS]
-  return _unpack_records(
+  words = np.zeros((0, 2), np.uint64) if table is None else np.asarray(table).view(np.uint64)
+  used, row, key = _unpack_records(
     data, *views, row, key, probe, dst.view(np.uint64), seconds,
     rtt.view(np.uint16).reshape(-1), order.view(np.uint16).reshape(-1), keys.reshape(-1),
-    hashes,
+    hashes, words,
   )  # fmt: skip
+  if used < 0:
+    raise ValueError("records of indexed destinations, read without their table")
+  return used, row, key
 
 
 _WORDS = ((2, np.uint16), (4, np.uint32), (8, np.uint64))
 
 
 @numba.njit(cache=True, nogil=True)
-def _record_heads(data, d64, held, start, rows, key_bounds, hashed, keys, hashes):
+def _record_heads(data, d64, held, start, rows, key_bounds, flags, keys, hashes):
   for i in range(len(held)):
     at, k0, k1 = start[i], key_bounds[i], key_bounds[i + 1]
     d64[at // 8] = rows[i]
     d64[at // 8 + 1] = k1 - k0
-    d64[at // 8 + 2] = hashed
+    d64[at // 8 + 2] = flags
     for j in range(17 * (k1 - k0)):
       data[at + 24 + j] = keys[17 * k0 + j]
-    probe_at = _layout(rows[i], k1 - k0, hashed)[1]
+    probe_at = _layout(rows[i], k1 - k0, flags)[1]
     for j in range(k1 - k0):
       d64[(at + probe_at) // 8 - (k1 - k0) + j] = hashes[k0 + j]
 
 
 @numba.njit(cache=True, nogil=True)
-def _scatter_rows(probe, key_at, key_bucket, key_local, dst, seconds, rtt, order, cursor,
-                  parts, d16, d32, d64):  # fmt: skip
-  hashed = order.shape[0] > 0
+def _scatter_rows(probe, key_at, key_bucket, key_local, dst, dst_index, seconds, rtt, order,
+                  cursor, parts, d16, d32, d64):  # fmt: skip
+  hashed, indexed = order.shape[0] > 0, dst_index.shape[0] > 0
   for i in range(len(probe)):
     key = key_at + probe[i]
     bucket = key_bucket[key]
     j = cursor[bucket]
     cursor[bucket] = j + 1
     d32[parts[bucket, 0] // 4 + j] = key_local[key]
-    d64[parts[bucket, 1] // 8 + 2 * j] = dst[i, 0]
-    d64[parts[bucket, 1] // 8 + 2 * j + 1] = dst[i, 1]
+    if indexed:
+      d32[parts[bucket, 1] // 4 + j] = dst_index[i]
+    else:
+      d64[parts[bucket, 1] // 8 + 2 * j] = dst[i, 0]
+      d64[parts[bucket, 1] // 8 + 2 * j + 1] = dst[i, 1]
     d32[parts[bucket, 2] // 4 + j] = seconds[i]
     d16[parts[bucket, 3] // 2 + j] = rtt[i]
     if hashed:
       d16[parts[bucket, 4] // 2 + j] = order[i]
 
 
-def write_records(data, held, start, rows, key_bounds, hashed: bool, keys, hashes) -> None:
+def write_records(data, held, start, rows, key_bounds, flags: int, keys, hashes) -> None:
   """The head of each record in uint8 `data` (zeros, 8-aligned): record i, of bucket
   `held[i]`, starts at byte `start[i]` and holds `rows[i]` rows and the probe keys
   `keys[key_bounds[i]:key_bounds[i + 1]]` (uint8 [K, 17], with their uint64 `hashes`)."""
   _record_heads(
-    data, data.view(np.int64), held, start, rows, key_bounds, int(hashed), keys.reshape(-1),
-    hashes,
+    data, data.view(np.int64), held, start, rows, key_bounds, flags, keys.reshape(-1), hashes,
   )  # fmt: skip
 
 
 def scatter_rows(probe, key_at: int, key_bucket, key_local, columns: dict, cursor, parts,
-                 data) -> None:  # fmt: skip
+                 data, dst_index=None) -> None:  # fmt: skip
   """Place the rows of one chunk (probe int32 [n], indexing keys `key_at + probe` of the
   gathered table) into their buckets' records in `data`: row i is row `cursor[bucket]` of its
   bucket's record (the counter advanced), whose parts (probe, dst, seconds, rtt, hashed
   order) start at bytes `parts[bucket]`; its probe is written as `key_local[key]`, the key's
-  number in its bucket's table. The chunk is read once, in order."""
+  number in its bucket's table, its destination as `dst_index[i]` when given. The chunk is
+  read once, in order."""
 
   def words(name: str) -> np.ndarray:  # 2-byte rows as one uint16 each
     array = columns.get(name)
     return np.zeros(0, np.uint16) if array is None else array.view(np.uint16).reshape(-1)
 
   _scatter_rows(
-    probe, key_at, key_bucket, key_local, columns["dst"].view(np.uint64), columns["seconds"],
+    probe, key_at, key_bucket, key_local, columns["dst"].view(np.uint64),
+    np.zeros(0, np.uint32) if dst_index is None else dst_index, columns["seconds"],
     words("rtt_bytes"), words("hashed_order"), cursor, parts,
     *(data.view(dtype) for _, dtype in _WORDS),
   )  # fmt: skip
@@ -345,7 +370,7 @@ def compile_seconds() -> float:
                  np.zeros(0, np.int64), two, two, np.zeros((0, 17), np.uint8),
                  np.zeros(0, np.uint64))  # fmt: skip
   one, data = np.zeros(1, np.int64), np.zeros(64, np.uint8)
-  write_records(data, one, one, one, np.array([0, 1]), False, np.zeros((1, 17), np.uint8),
+  write_records(data, one, one, one, np.array([0, 1]), 0, np.zeros((1, 17), np.uint8),
                 np.zeros(1, np.uint64))  # fmt: skip
   columns = {"dst": np.zeros((1, 16), np.uint8), "seconds": one, "rtt_bytes": two[:1].copy()}
   scatter_rows(np.zeros(1, np.int32), 0, one, np.zeros(1, np.int32), columns, one.copy(),

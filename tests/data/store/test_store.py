@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from maxtext_netdata.data.prepare import partition, probes
+from maxtext_netdata.data.prepare import partition, probes, row_kernels
 from maxtext_netdata.data.raw import schema
-from maxtext_netdata.data.store import shared_arrays, store
+from maxtext_netdata.data.store import dst_table, shared_arrays, store
 from maxtext_netdata.errors import DataError
 
 
@@ -111,14 +111,17 @@ def test_a_batch_split_into_records_keeps_every_row_in_its_probes_bucket():
   for hashed in (False, True):
     whole = partition.batch_chunk(columns, hashed)
     expected = sorted(_rows_of(whole))
-    for buckets in (1, 3, 64):
+    for buckets, indexed in ((1, False), (3, False), (64, False), (3, True), (64, True)):
       got = []
-      for bucket, chunk in partition.partition(columns, buckets, hashed):
+      table = dst_table.DstEncoder() if indexed else None
+      records = partition.split_chunks([partition.batch_chunk(columns, hashed)], buckets, table)
+      assert bool(records.flags & row_kernels.DST_INDEXED) == indexed
+      for bucket, chunk in records.chunks(None if table is None else table.table()):
         assert (partition.bucket_of(chunk.hashes, buckets) == bucket).all()
         np.testing.assert_array_equal(chunk.hashes, probes.probe_hashes(chunk.keys))
         assert chunk.columns.keys() == whole.columns.keys()
         got += _rows_of(chunk)
-      assert sorted(got) == expected, (hashed, buckets)
+      assert sorted(got) == expected, (hashed, buckets, indexed)
   assert sorted(r[2] for r in expected) == sorted(rows["seconds"])
   assert {r[0] for r in expected} == set(key_of.values())
 
