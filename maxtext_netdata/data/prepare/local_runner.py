@@ -60,9 +60,9 @@ def span_text(bounds) -> str:
 def spill(config, options, files, metadata, *, buckets, folder, progress, on_chunk=None):
   """Read and partition every file into a `SpillWriter`: (the writer, read report).
 
-  The batches of all files are gathered (`partition.Gather`, one bucket's rows of the memory
-  budget at a time) before they are split by bucket, so a bucket's file gets one record per
-  gathering, not one per batch. `on_chunk` sees each batch's chunk.
+  The batches of all files are gathered (`partition.Gather`, `partition.gather_rows` rows at a
+  time) before they are split by bucket, so a bucket's file gets one record per gathering,
+  not one per batch. `on_chunk` sees each batch's chunk.
   """
   writer = SpillWriter(folder, buckets)
   report = reader.ReadReport()
@@ -182,9 +182,9 @@ class SpillWriter:
   With one bucket the chunks stay in memory instead: the bucket is read back whole anyway,
   and the memory budget that allowed one bucket counts its rows.
 
-  A bucket's file stays open while chunks come when the process may hold that many files
+  A bucket's file stays open while records come when the process may hold that many files
   (RIPE Atlas's month at the default memory is ~17,500 buckets; the soft limit, often 1024,
-  is raised toward the hard one for the writer's life); past that, each chunk's file is
+  is raised toward the hard one for the writer's life); past that, each record's file is
   opened to append and closed again.
   """
 

@@ -18,13 +18,17 @@ from maxtext_netdata.data.store import dst_table, shared_arrays, store
 from maxtext_netdata.errors import DataError
 
 
-def raw_columns(src, version, dst, seconds, rtt):
-  """Validated columns of a small table of address texts."""
+def raw_columns(src, version, dst, seconds, rtt, dictionary=False):
+  """Validated columns of a small table of address texts (dictionary-encoded, as parquet
+  files' usually are, with `dictionary`)."""
+  texts = [pa.array(t, pa.string()) for t in (src, dst)]
+  if dictionary:
+    texts = [t.dictionary_encode() for t in texts]
   table = pa.table(
     {
       "event_time": pa.array(np.asarray(seconds), pa.timestamp("s")),
-      "src_addr": src,
-      "dst_addr": dst,
+      "src_addr": texts[0],
+      "dst_addr": texts[1],
       "ip_version": pa.array(version, pa.int8()),
       "rtt": pa.array(rtt, pa.float64()),
     }
@@ -101,9 +105,16 @@ def test_the_probe_hash_is_the_probe_split_hash_and_buckets_keep_its_order():
 
 
 def test_a_batch_split_into_records_keeps_every_row_in_its_probes_bucket():
-  # Times at both ends of what a store keeps: records carry the seconds as uint32.
-  rows = {**ROWS, "seconds": [0, 2**32 - 1, 20, 5, 2**32 - 2, 7, 20]}
-  columns = raw_columns(*[rows[k] for k in rows])
+  # Times at both ends of what a store keeps: records carry the seconds as uint32. Two
+  # spellings of one destination: one address, two entries of a batch's dictionary.
+  dst = [*ROWS["dst"][:5], "2001:DB8:0::53", ROWS["dst"][6]]
+  rows = {**ROWS, "dst": dst, "seconds": [0, 2**32 - 1, 20, 5, 2**32 - 2, 7, 20]}
+  for dictionary in (False, True):
+    _check_records(rows, raw_columns(*[rows[k] for k in rows], dictionary=dictionary))
+
+
+def _check_records(rows, columns):
+  dictionary = pa.types.is_dictionary(columns.dst_text.type)
   key_of = {
     (v, s): (v, *(socket_bytes(v, s) if s else bytes(16)))
     for v, s in zip(rows["version"], rows["src"], strict=True)
@@ -114,6 +125,7 @@ def test_a_batch_split_into_records_keeps_every_row_in_its_probes_bucket():
     for buckets, indexed in ((1, False), (3, False), (64, False), (3, True), (64, True)):
       got = []
       table = dst_table.DstEncoder() if indexed else None
+      assert (partition.batch_chunk(columns, hashed).dst_codes is None) != dictionary
       records = partition.split_chunks([partition.batch_chunk(columns, hashed)], buckets, table)
       assert bool(records.flags & row_kernels.DST_INDEXED) == indexed
       for bucket, chunk in records.chunks(None if table is None else table.table()):
@@ -123,6 +135,7 @@ def test_a_batch_split_into_records_keeps_every_row_in_its_probes_bucket():
         got += _rows_of(chunk)
       assert sorted(got) == expected, (hashed, buckets, indexed)
   assert sorted(r[2] for r in expected) == sorted(rows["seconds"])
+  assert len({r[1] for r in expected}) == 4  # the two spellings are one address
   assert {r[0] for r in expected} == set(key_of.values())
 
 
