@@ -126,8 +126,9 @@ def dst_codes(columns: schema.RawColumns) -> tuple | None:
   text = columns.dst_text
   if not pa.types.is_dictionary(text.type) or not len(text):
     return None
-  codes = text.indices.to_numpy(zero_copy_only=False)
-  first = np.full(len(text.dictionary), -1, np.int64)
+  # A null text (the all-zero address: data/raw/addresses.py) is one more entry, the last.
+  codes = text.indices.fill_null(len(text.dictionary)).to_numpy(zero_copy_only=False)
+  first = np.full(len(text.dictionary) + 1, -1, np.int64)
   first[codes] = np.arange(len(codes))
   used = np.flatnonzero(first >= 0)  # a filtered batch's dictionary keeps texts it lost
   compact = np.zeros(len(first), np.int32)

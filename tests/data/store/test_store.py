@@ -106,8 +106,9 @@ def test_the_probe_hash_is_the_probe_split_hash_and_buckets_keep_its_order():
 
 def test_a_batch_split_into_records_keeps_every_row_in_its_probes_bucket():
   # Times at both ends of what a store keeps: records carry the seconds as uint32. Two
-  # spellings of one destination: one address, two entries of a batch's dictionary.
-  dst = [*ROWS["dst"][:5], "2001:DB8:0::53", ROWS["dst"][6]]
+  # spellings of one destination: one address, two entries of a batch's dictionary; a null
+  # destination (the all-zero address).
+  dst = [*ROWS["dst"][:5], "2001:DB8:0::53", None]
   rows = {**ROWS, "dst": dst, "seconds": [0, 2**32 - 1, 20, 5, 2**32 - 2, 7, 20]}
   for dictionary in (False, True):
     _check_records(rows, raw_columns(*[rows[k] for k in rows], dictionary=dictionary))
@@ -135,7 +136,8 @@ def _check_records(rows, columns):
         got += _rows_of(chunk)
       assert sorted(got) == expected, (hashed, buckets, indexed)
   assert sorted(r[2] for r in expected) == sorted(rows["seconds"])
-  assert len({r[1] for r in expected}) == 4  # the two spellings are one address
+  assert len({r[1] for r in expected}) == 5  # the two spellings are one address
+  assert bytes(16) in {r[1] for r in expected}
   assert {r[0] for r in expected} == set(key_of.values())
 
 
