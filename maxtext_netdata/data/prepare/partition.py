@@ -127,13 +127,10 @@ def dst_codes(columns: schema.RawColumns) -> tuple | None:
   if not pa.types.is_dictionary(text.type) or not len(text):
     return None
   # A null text (the all-zero address: data/raw/addresses.py) is one more entry, the last.
-  codes = text.indices.fill_null(len(text.dictionary)).to_numpy(zero_copy_only=False)
-  first = np.full(len(text.dictionary) + 1, -1, np.int64)
-  first[codes] = np.arange(len(codes))
-  used = np.flatnonzero(first >= 0)  # a filtered batch's dictionary keeps texts it lost
-  compact = np.zeros(len(first), np.int32)
-  compact[used] = np.arange(len(used), dtype=np.int32)
-  return compact[codes], columns.dst[first[used]]
+  indices = text.indices.fill_null(len(text.dictionary)) if text.null_count else text.indices
+  codes = indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+  codes, rows = row_kernels.first_codes(codes, len(text.dictionary) + 1)
+  return codes, columns.dst[rows]
 
 
 def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
