@@ -84,9 +84,8 @@ class Chunk:
   hashes: np.ndarray  # uint64 [K]
   probe: np.ndarray  # int32 [n]
   columns: dict  # name → array of store.ROW_ARRAYS (hashed_order only when stored)
-  # A batch's destinations as its distinct ones (uint8 [E, 16]) and a code a row (int32 [n])
-  # into them, when its text column is dictionary-encoded (`dst_codes`).
-  dst_codes: tuple | None = None
+  # A batch's destination texts as read (`dst_index` uses a dictionary's codes), if kept.
+  dst_text: pa.Array | None = None
 
   def __len__(self) -> int:
     return len(self.probe)
@@ -96,9 +95,10 @@ class Chunk:
     the batch's distinct destinations looked up once each, when the codes are known (a
     month's ~300k destinations make each lookup a cache miss: ~45 ns a row, ~8 a distinct
     one a row of a batch)."""
-    if self.dst_codes is None:
+    codes = None if self.dst_text is None else dst_codes(self.dst_text, self.columns["dst"])
+    if codes is None:
       return table.encode(self.columns["dst"])
-    codes, entries = self.dst_codes
+    codes, entries = codes
     return table.encode(entries)[codes]
 
 
@@ -115,22 +115,22 @@ def batch_chunk(columns: schema.RawColumns, hashed: bool) -> Chunk:
     data["hashed_order"] = hashed_kernel.hashed_order_pairs(
       columns.src_text, columns.dst_text, columns.seconds
     )
-  return Chunk(table, hashes, probe, data, dst_codes(columns))
+  text = columns.dst_text  # kept only as codes into a dictionary: plain texts cost memory
+  return Chunk(table, hashes, probe, data, text if pa.types.is_dictionary(text.type) else None)
 
 
-def dst_codes(columns: schema.RawColumns) -> tuple | None:
+def dst_codes(text: pa.Array, dst: np.ndarray) -> tuple | None:
   """(code int32 [n], entries uint8 [E, 16]): each row's destination as an index into the
-  batch's distinct destination texts, parsed (`columns.dst` at a row of each: all its rows
-  hold the same bytes), from the text column's dictionary; None when it has none. Two texts
-  of one address are two entries of the same bytes."""
-  text = columns.dst_text
+  batch's distinct destination texts, parsed (`dst`, the rows' addresses, at a row of each:
+  all its rows hold the same bytes), from the text column's dictionary; None when it has
+  none. Two texts of one address are two entries of the same bytes."""
   if not pa.types.is_dictionary(text.type) or not len(text):
     return None
   # A null text (the all-zero address: data/raw/addresses.py) is one more entry, the last.
   indices = text.indices.fill_null(len(text.dictionary)) if text.null_count else text.indices
   codes = indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
   codes, rows = row_kernels.first_codes(codes, len(text.dictionary) + 1)
-  return codes, columns.dst[rows]
+  return codes, dst[rows]
 
 
 def partition(columns: schema.RawColumns, buckets: int, hashed: bool) -> list[tuple[int, Chunk]]:
