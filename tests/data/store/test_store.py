@@ -126,8 +126,7 @@ def _check_records(rows, columns):
     for buckets, indexed in ((1, False), (3, False), (64, False), (3, True), (64, True)):
       got = []
       table = dst_table.DstEncoder() if indexed else None
-      chunk = partition.batch_chunk(columns, hashed)
-      assert (partition.dst_codes(chunk.dst_text, chunk.columns["dst"]) is None) != dictionary
+      assert (partition.batch_chunk(columns, hashed).dst_text is None) != dictionary
       records = partition.split_chunks([partition.batch_chunk(columns, hashed)], buckets, table)
       assert bool(records.flags & row_kernels.DST_INDEXED) == indexed
       for bucket, chunk in records.chunks(None if table is None else table.table()):
