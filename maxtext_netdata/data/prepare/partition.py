@@ -129,7 +129,7 @@ def dst_codes(text: pa.Array, dst: np.ndarray) -> tuple | None:
   # A null text (the all-zero address: data/raw/addresses.py) is one more entry, the last.
   indices = text.indices.fill_null(len(text.dictionary)) if text.null_count else text.indices
   codes = indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-  codes, rows = row_kernels.first_codes(codes, len(text.dictionary) + 1)
+  codes, rows = probes.first_codes(codes, len(text.dictionary) + 1)
   return codes, dst[rows]
 
 

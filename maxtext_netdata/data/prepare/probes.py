@@ -86,6 +86,15 @@ def _probe_codes(index, empty, version, probe):
   return first[:count]
 
 
+def first_codes(index: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+  """(code int32 [n], first row int64 [E]) of dictionary indices `index` (int32, in [0,
+  size)): the indices renumbered in the order of their first row, and that row of each
+  (`_probe_codes` without its empty entries; numpy's scatter and gathers took ~12 ns a row)."""
+  codes = np.empty(len(index), np.int32)
+  rows = _probe_codes(index, np.zeros(size, bool), np.zeros(len(index), np.uint8), codes)
+  return codes, rows
+
+
 def _batch_probes(columns: schema.RawColumns) -> tuple[np.ndarray, np.ndarray]:
   """(probe of each row int32 [n], key of each probe uint8 [K, 17]) of a validated batch.
 

@@ -355,31 +355,6 @@ def scatter_rows(probe, key_at: int, key_bucket, key_local, columns: dict, curso
   )  # fmt: skip
 
 
-@numba.njit(cache=True, nogil=True)
-def _first_codes(codes, entry, out, rows):
-  count = 0
-  for i in range(len(codes)):
-    code = codes[i]
-    k = entry[code]
-    if k < 0:
-      k = entry[code] = count
-      rows[count] = i
-      count += 1
-    out[i] = k
-  return count
-
-
-def first_codes(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-  """(entry int32 [n], first row int64 [E]) of int32 `codes` in [0, size): the codes
-  renumbered in the order of their first row, and that row of each. One pass (numpy: a
-  scatter of every row's number and two gathers, ~12 ns a row)."""
-  entry = np.full(size, -1, np.int32)
-  out = np.empty(len(codes), np.int32)
-  rows = np.empty(min(len(codes), size), np.int64)
-  count = _first_codes(codes, entry, out, rows) if len(codes) else 0
-  return out, rows[:count]
-
-
 def compile_seconds() -> float:
   """Seconds to compile (first run on a machine) or load (later runs) these kernels."""
   started = time.perf_counter()
@@ -400,7 +375,6 @@ def compile_seconds() -> float:
   columns = {"dst": np.zeros((1, 16), np.uint8), "seconds": one, "rtt_bytes": two[:1].copy()}
   scatter_rows(np.zeros(1, np.int32), 0, one, np.zeros(1, np.int32), columns, one.copy(),
                np.zeros((1, 5), np.int64) + 8, np.zeros(64, np.uint8))  # fmt: skip
-  first_codes(np.zeros(1, np.int32), 1)
   return time.perf_counter() - started
 
 
@@ -413,4 +387,3 @@ _rtt_payload = warmup.noted(_rtt_payload, "prepare: compiled the RTT payload pas
 _unpack_records = warmup.noted(_unpack_records, "prepare: compiled the spill reader")
 _record_heads = warmup.noted(_record_heads, "prepare: compiled the spill record heads")
 _scatter_rows = warmup.noted(_scatter_rows, "prepare: compiled the bucket scatter")
-_first_codes = warmup.noted(_first_codes, "prepare: compiled the destination codes")
