@@ -41,6 +41,7 @@ def test_bucket_count_does_not_change_the_store(tmp_path, raw_files, monkeypatch
   # 15 buckets instead of 1, rows gathered 2,000 at a time: several records a spill file, read
   # back 64 bytes at a time (less than a record: the block grows; records cross blocks).
   monkeypatch.setattr(partition, "MAX_BUCKET_ROWS", 2_000)
+  monkeypatch.setattr(partition, "gather_rows", lambda buckets, memory_mb: 2_000)
   monkeypatch.setattr(local_runner, "SPILL_BLOCK", 64)
   many = prepare.prepare(
     store_config(tmp_path / "many", raw_files[::-1], *overrides), progress=False
