@@ -9,8 +9,6 @@ same result, bit for bit:
   two passes over the keys and one over `size` counters, where numpy's radix sort of 16-bit
   keys reads them twice per byte and needs a copy cast to uint16 (and sorts wider keys by
   merge sort).
-- `bucket_rows(probe, probe_bucket, size)`: `counting_order` of the rows' buckets, and each
-  row's probe numbered within its bucket, placed in the same pass.
 - `ties(probe, seconds, perm)`: whether `perm` orders the rows by (probe, seconds), and which
   neighbouring rows share both, in one pass (numpy gathered both columns through `perm` and
   compared them in four more passes over temporaries).
@@ -24,7 +22,7 @@ same result, bit for bit:
   order, and no gather through a permutation of all gathered rows (which missed the cache:
   4x the time of the same gathers per batch).
 - `unpack_records(data, ...)`: records (a spill file's, a Beam bucket's) into one chunk's
-  columns; a bucket's file holds one record per gathering (RIPE Atlas's month: ~17,500),
+  columns; a bucket's file holds one record per gathering (RIPE Atlas's month: ~7,000),
   which numpy took ~20 µs each to unpack.
 
 Compiled by numba with `cache=True` (once per machine, loaded by later runs); a first compile
@@ -69,42 +67,6 @@ def counting_order(keys: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]
   if len(keys):
     _counting_order(keys, size, order, bounds)
   return order, bounds
-
-
-@numba.njit(cache=True, nogil=True)
-def _bucket_rows(probe, probe_bucket, size, order, bounds, row_local):
-  local = np.empty(len(probe_bucket), np.int32)
-  seen = np.zeros(size, np.int32)
-  for p in range(len(probe_bucket)):
-    local[p] = seen[probe_bucket[p]]
-    seen[probe_bucket[p]] += 1
-  for i in range(len(probe)):
-    bounds[probe_bucket[probe[i]] + 1] += 1
-  for k in range(size):
-    bounds[k + 1] += bounds[k]
-  at = bounds[:-1].copy()
-  for i in range(len(probe)):
-    p = probe[i]
-    key = probe_bucket[p]
-    order[at[key]] = i
-    row_local[at[key]] = local[p]
-    at[key] += 1
-
-
-def bucket_rows(probe: np.ndarray, probe_bucket: np.ndarray, size: int) -> tuple:
-  """(order int64 [N], bounds int64 [size + 1], local int32 [N]) of rows whose probes are
-  `probe` (indices into `probe_bucket`, each probe's bucket in [0, size)).
-
-  `order, bounds` are `counting_order(probe_bucket[probe], size)`; `local[j]` is the number of
-  row `order[j]`'s probe among its bucket's probes, in probe order: the row's probe in its
-  bucket's own probe table. One pass numbers the probes, two more place the rows.
-  """
-  order = np.empty(len(probe), np.int64)
-  bounds = np.zeros(size + 1, np.int64)
-  row_local = np.empty(len(probe), np.int32)
-  if len(probe):
-    _bucket_rows(probe, probe_bucket, size, order, bounds, row_local)
-  return order, bounds, row_local
 
 
 @numba.njit(cache=True, nogil=True)
@@ -363,7 +325,6 @@ def compile_seconds() -> float:
   counting_order(np.zeros(2, np.int64), 1)
   ties(np.zeros(2, np.int32), np.zeros(2, np.int64), np.arange(2))
   time_grouped_order(np.zeros(2, np.int32), 1, np.zeros(2, np.int64))
-  bucket_rows(np.zeros(2, np.int32), np.zeros(1, np.int64), 1)
   rtt_payload(np.zeros(1))
   two = np.zeros((2, 2), np.uint8)
   unpack_records(np.zeros(0, np.uint8), 0, 0, np.zeros(0, np.int32), np.zeros((0, 16), np.uint8),
@@ -380,7 +341,6 @@ def compile_seconds() -> float:
 
 # Called through `warmup.noted`: a long first compile is named on stderr where it is paid.
 _counting_order = warmup.noted(_counting_order, "prepare: compiled the counting sort")
-_bucket_rows = warmup.noted(_bucket_rows, "prepare: compiled the bucket sort")
 _time_grouped_order = warmup.noted(_time_grouped_order, "prepare: compiled the time order")
 _ties = warmup.noted(_ties, "prepare: compiled the tie check")
 _rtt_payload = warmup.noted(_rtt_payload, "prepare: compiled the RTT payload pass")

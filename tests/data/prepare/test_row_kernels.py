@@ -78,17 +78,3 @@ def test_time_grouped_order_is_counting_order_then_ties():
   assert _numpy_ties(probe, seconds, order) is None
   empty = row_kernels.time_grouped_order(np.zeros(0, np.int32), 1, np.zeros(0, np.int64))
   assert empty[0].shape == (0,) and empty[2] == 0
-
-
-def test_bucket_rows_orders_rows_by_bucket_and_numbers_probes_within_each():
-  rng = np.random.default_rng(2)
-  probe_bucket = rng.integers(0, 9, 4_000)
-  probe = rng.integers(0, len(probe_bucket), 60_000).astype(np.int32)
-  order, bounds, local = row_kernels.bucket_rows(probe, probe_bucket, 9)
-  expected_order, expected_bounds = row_kernels.counting_order(probe_bucket[probe], 9)
-  np.testing.assert_array_equal(order, expected_order)
-  np.testing.assert_array_equal(bounds, expected_bounds)
-  for bucket in range(9):
-    mine = np.flatnonzero(probe_bucket == bucket)  # the bucket's probes, in probe order
-    rows = order[bounds[bucket] : bounds[bucket + 1]]
-    np.testing.assert_array_equal(mine[local[bounds[bucket] : bounds[bucket + 1]]], probe[rows])
