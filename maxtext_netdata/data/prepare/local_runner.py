@@ -11,6 +11,7 @@ does.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import resource
 import shutil
@@ -21,7 +22,7 @@ import tqdm
 from maxtext_netdata.config import iso_seconds
 from maxtext_netdata.data.prepare import assemble, partition, row_kernels
 from maxtext_netdata.data.raw import reader
-from maxtext_netdata.data.store import dst_table, store
+from maxtext_netdata.data.store import dst_table
 from maxtext_netdata.errors import ConfigError, DataError, WritesTo
 
 
@@ -258,29 +259,23 @@ class SpillWriter:
       return chunks
     if bucket not in self.written:
       return []
-    path, rows, hashed = self.path(bucket), self.rows[bucket], self.hashed
-    columns = {}
-    for name in partition._names(hashed):
-      dtype, tail = store.ROW_ARRAYS[name]
-      columns[name] = _buffer(self.buffers, name, dtype, (rows, *tail))
-    probe = _buffer(self.buffers, "probe", np.int32, (rows,))
-    keys = np.empty((self.keys[bucket], 17), np.uint8)
-    chunk = partition.Chunk(keys, np.empty(len(keys), np.uint64), probe, columns)
-    arrays = partition.chunk_arrays(chunk)
+    path, rows = self.path(bucket), self.rows[bucket]
+    chunk = partition.empty_chunk(
+      rows, self.keys[bucket], self.hashed, functools.partial(_buffer, self.buffers)
+    )
+    arrays = (*partition.chunk_arrays(chunk), self.dst_table.table())
     row = key = held = 0  # rows and keys unpacked; bytes of a record begun, at the block's start
     block = _buffer(self.buffers, "block", np.uint8, (SPILL_BLOCK,))
     with open(path, "rb") as f:
       while got := f.readinto(memoryview(block)[held:]):
-        used, row, key = row_kernels.unpack_records(
-          block[: held + got], row, key, *arrays, self.dst_table.table()
-        )
+        used, row, key = row_kernels.unpack_records(block[: held + got], row, key, *arrays)
         held = held + got - used
         block[:held] = block[used : used + held]
         if held == len(block):  # one record larger than the block: a larger block
           begun = block.copy()
           block = _buffer(self.buffers, "block", np.uint8, (2 * len(block),))
           block[:held] = begun
-    if held or (row, key) != (rows, len(keys)):
+    if held or (row, key) != (rows, len(chunk.keys)):
       raise OSError(f"{path}: spill file cut short ({row} of {rows} rows)")
     os.remove(path)
     return [chunk]

@@ -191,15 +191,23 @@ def read_records(records: list, dst_table: np.ndarray | None = None) -> Chunk:
       rows, keys = rows + n, keys + k
       at += int(row_kernels.record_layout(n, k, flags)[0])
   data = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-  columns = {}
-  for name in _names(bool(flags & row_kernels.HASHED)):
-    dtype, tail = store.ROW_ARRAYS[name]
-    columns[name] = np.empty((rows, *tail), dtype)
-  probe = np.empty(rows, np.int32)
-  chunk = Chunk(np.empty((keys, 17), np.uint8), np.empty(keys, np.uint64), probe, columns)
+  chunk = empty_chunk(rows, keys, bool(flags & row_kernels.HASHED))
   used, got_rows, got_keys = row_kernels.unpack_records(data, 0, 0, *chunk_arrays(chunk), dst_table)
   assert (used, got_rows, got_keys) == (len(data), rows, keys), (used, got_rows, got_keys)
   return chunk
+
+
+def empty_chunk(rows: int, keys: int, hashed: bool, row_array=None) -> Chunk:
+  """A chunk of `rows` rows and `keys` probe keys, its arrays allocated, not filled (for
+  `row_kernels.unpack_records`); its row arrays from `row_array(name, dtype, shape)` when
+  given (a caller's reused buffers), else new."""
+  row_array = row_array or (lambda name, dtype, shape: np.empty(shape, dtype))
+  columns = {}
+  for name in _names(hashed):
+    dtype, tail = store.ROW_ARRAYS[name]
+    columns[name] = row_array(name, dtype, (rows, *tail))
+  probe = row_array("probe", np.int32, (rows,))
+  return Chunk(np.empty((keys, 17), np.uint8), np.empty(keys, np.uint64), probe, columns)
 
 
 def chunk_arrays(chunk: Chunk) -> tuple:
@@ -261,34 +269,26 @@ def join(chunks: list[Chunk]) -> Chunk:
   if len(chunks) == 1:
     return chunks.pop()
   hashed = bool(chunks) and "hashed_order" in chunks[0].columns
-  n = sum(len(c) for c in chunks)
-  keys = np.concatenate([c.keys for c in chunks]) if chunks else np.zeros((0, 17), np.uint8)
-  hashes = np.concatenate([c.hashes for c in chunks]) if chunks else np.zeros(0, np.uint64)
-  columns = {}
-  for name in _names(hashed):
-    dtype, tail = store.ROW_ARRAYS[name]
-    columns[name] = np.empty((n, *tail), dtype=dtype)
-  probe = np.empty(n, dtype=np.int32)
+  out = empty_chunk(sum(len(c) for c in chunks), 0, hashed)
+  if chunks:
+    out.keys = np.concatenate([c.keys for c in chunks])
+    out.hashes = np.concatenate([c.hashes for c in chunks])
   at, key_at = 0, 0
   while chunks:
     chunk = chunks.pop(0)
     m = len(chunk)
-    probe[at : at + m] = chunk.probe + key_at
-    for name in columns:
-      columns[name][at : at + m] = chunk.columns[name]
+    out.probe[at : at + m] = chunk.probe + key_at
+    for name, column in out.columns.items():
+      column[at : at + m] = chunk.columns[name]
     at, key_at = at + m, key_at + len(chunk.keys)
-  return Chunk(keys, hashes, probe, columns)
+  return out
 
 
 class Gather:
-  """Batches' chunks gathered into `rows` rows or more before they are split by bucket.
-
-  A batch split by itself gives a chunk for every bucket its probes fall in: RIPE Atlas's
-  month (35 billion rows, ~17,500 buckets at the default memory, ~12,000 probes, nearly all
-  in every batch) would give ~8,000 chunks of ~30 rows per 256k-row batch, each chunk a
-  record with its own header and probe table, written and read back: ~1 µs a row where the
-  rest of prepare takes ~0.3. Gathered first, a bucket gets one chunk per `rows` rows.
-  """
+  """Batches' chunks gathered into `rows` rows or more before they are split by bucket: split
+  by itself, a batch of RIPE Atlas's month (~17,500 buckets, ~12,000 probes nearly all in
+  every batch) gave ~8,000 records of ~30 rows, each written and read back at a cost of its
+  own (~1 µs a row in all; docs/prepare.md, "Many buckets: a month on one host")."""
 
   def __init__(self, buckets: int, rows: int, dst_table=None):
     self.buckets, self.rows, self.dst_table = buckets, rows, dst_table
