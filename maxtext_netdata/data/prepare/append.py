@@ -16,7 +16,7 @@ The result is the store a full build of all the files gives, byte for byte: a st
 depends only on the set of its rows (docs/prepare.md, "The store"), and the merge puts them
 in the same order: probes by (hash, version, address), a probe's rows by time, ties by
 content; a probe's rows of the two stores copied as runs where their times do not
-interleave, and only the rows whose times do sorted again by `partition.order_bucket`
+interleave, and only the rows whose times do sorted again by `bucket_sort.order_bucket`
 (`merge._Parts`).
 Memory is bounded as in a build: the union of probes is cut into batches of at most a
 bucket's rows (plus one probe), each read from the two stores with plain reads (no memory

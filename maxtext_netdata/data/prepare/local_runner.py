@@ -2,7 +2,7 @@
 
 Rows are partitioned by probe bucket (`partition.Gather`) into one spill file per bucket
 (`SpillWriter`, the runner's GroupByKey), then one bucket at a time is read back and sorted
-(`partition.order_bucket`). For the probe split and eval files each sorted bucket goes straight
+(`bucket_sort.order_bucket`). For the probe split and eval files each sorted bucket goes straight
 into the splits (`build`); for the time split, whose cutoff needs every row's time first, each
 is written as a piece and the pieces are assembled afterwards (`pieces`), as the Beam runner
 does.
@@ -20,7 +20,7 @@ import numpy as np
 import tqdm
 
 from maxtext_netdata.config import iso_seconds
-from maxtext_netdata.data.prepare import assemble, partition, row_kernels
+from maxtext_netdata.data.prepare import assemble, bucket_sort, partition, row_kernels
 from maxtext_netdata.data.raw import reader
 from maxtext_netdata.data.store import dst_table
 from maxtext_netdata.errors import ConfigError, DataError, WritesTo
@@ -140,7 +140,7 @@ def build(config, options, files, metadata, *, buckets, work, spill_dir, split, 
     ):
       chunks = spill_files.read(bucket)
       if chunks:
-        sorted_bucket = partition.order_bucket(chunks)
+        sorted_bucket = bucket_sort.order_bucket(chunks)
         del chunks
         assembler.add(sorted_bucket)
         probes += sorted_bucket.num_probes
@@ -173,7 +173,7 @@ def pieces(config, options, files, metadata, *, buckets, pieces_dir, progress) -
 def sort_and_write(bucket: int, chunks: list, pieces_dir: str) -> str:
   """Sort one bucket's chunks into the piece `<pieces_dir>/<bucket>`; its folder."""
   path = os.path.join(pieces_dir, f"{bucket:05d}")
-  partition.write_piece(partition.sort_bucket(chunks), path, {})
+  bucket_sort.write_piece(bucket_sort.sort_bucket(chunks), path, {})
   return path
 
 

@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import tqdm
 
-from maxtext_netdata.data.prepare import assemble, partition, probes
+from maxtext_netdata.data.prepare import assemble, bucket_sort, partition, probes
 from maxtext_netdata.data.raw import probe_hash
 from maxtext_netdata.data.store import dst_table, store
 from maxtext_netdata.errors import WritesTo
@@ -48,7 +48,7 @@ def merge_split(
             writer.add_rows(name, int(union.rows[lo:hi].sum()), fill)
         else:  # some probe's new rows fall between its old ones: only those times sorted
           parts = union.parts(lo, hi)
-          merged = partition.order_bucket(parts.middle_chunks(names))
+          merged = bucket_sort.order_bucket(parts.middle_chunks(names))
           middle = np.diff(merged.probe_offsets)
           sizes = parts.head[:, 2] + parts.tail[:, 2]
           sizes[parts.has_middle] += middle
@@ -197,7 +197,7 @@ class _Source:
 
 
 class _Union:
-  """The probes of all sources in store order (`partition.order_bucket`'s: hash, version,
+  """The probes of all sources in store order (`bucket_sort.order_bucket`'s: hash, version,
   address), each once: `index` [G, S] is its number in each source (-1: not there), `rows`
   [G, S] its rows there, and `apart` [G] whether its rows of different sources do not
   interleave in time (then each source's rows are copied whole, the earliest first)."""
@@ -208,8 +208,8 @@ class _Union:
     hashes = np.concatenate([s.hashes for s in sources])
     which = np.concatenate([np.full(len(s.keys), i) for i, s in enumerate(sources)])
     local = np.concatenate([np.arange(len(s.keys)) for s in sources])
-    # The build's own probe numbering (`partition.order_bucket`'s): the same order by construction.
-    group, probe_keys, _ = partition._probe_ranks(keys, hashes)
+    # The build's own probe numbering (`bucket_sort.order_bucket`'s): the same order by construction.
+    group, probe_keys, _ = bucket_sort.probe_ranks(keys, hashes)
     groups = len(probe_keys)
     self.version = np.ascontiguousarray(probe_keys[:, 0])
     self.src = np.ascontiguousarray(probe_keys[:, 1:])
@@ -259,7 +259,7 @@ class _Parts:
   """Each group's rows as three parts in store order: a head, the rows of the source that
   starts first from before the other source's first second; a tail, the rows of the source
   that ends last from after the other's last second; and between them the middle, the rows
-  of both sources whose times overlap, the only ones sorted again (`partition.order_bucket`).
+  of both sources whose times overlap, the only ones sorted again (`bucket_sort.order_bucket`).
   A day appended whose late results fall in the base's last day sorts about a day of rows
   per probe, not the probe's whole window; a probe in one source, or whose sources do not
   interleave, is a head alone.
@@ -335,7 +335,7 @@ class _Parts:
         )
     return out
 
-  def fill(self, merged: partition.SortedBucket, name: str, out: np.ndarray) -> None:
+  def fill(self, merged: bucket_sort.SortedBucket, name: str, out: np.ndarray) -> None:
     """Column `name` of the groups in store order into `out`: head, middle, tail of each."""
     middle = merged.column(name)
     offsets = merged.probe_offsets

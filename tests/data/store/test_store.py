@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from maxtext_netdata.data.prepare import partition, probes, row_kernels
+from maxtext_netdata.data.prepare import bucket_sort, partition, probes, row_kernels
 from maxtext_netdata.data.raw import schema
 from maxtext_netdata.data.store import dst_table, shared_arrays, store
 from maxtext_netdata.errors import DataError
@@ -51,7 +51,7 @@ def build(order, chunks=1, hashed=False):
   for part in np.array_split(np.asarray(order), chunks):
     columns = raw_columns(*[[ROWS[k][i] for i in part] for k in ROWS])
     parts += [chunk for _, chunk in partition.partition(columns, 1, hashed)]
-  return partition.sort_bucket(parts)
+  return bucket_sort.sort_bucket(parts)
 
 
 def key_hash(version, address_bytes):
@@ -509,7 +509,7 @@ def test_rows_tied_on_probe_and_second_are_ordered_by_rtt_then_destination(hashe
   }
   if hashed:
     columns["hashed_order"] = rng.integers(0, 4, (n, 2)).astype(np.uint8)
-  perm = partition.row_order(probe, columns)
+  perm = bucket_sort.row_order(probe, columns)
   dst = columns["dst"].view(">u8")
   rtt = columns["rtt_bytes"][:, 0].astype(np.int64) * 256 + columns["rtt_bytes"][:, 1]
   keys = [dst[:, 1], dst[:, 0], rtt, columns["seconds"], probe]
@@ -532,7 +532,7 @@ def test_probes_with_colliding_hashes_stay_apart_ordered_by_key():
     hashes = probes.probe_hashes(keys)
     if collide:
       hashes[keys[:, 1] < 128] = hashes[0]
-    rank, probe_keys, probe_hash = partition._probe_ranks(keys, hashes)
+    rank, probe_keys, probe_hash = bucket_sort.probe_ranks(keys, hashes)
     expected = sorted({(int(h), *k.tolist()) for h, k in zip(hashes, keys, strict=True)})
     assert [(int(h), *k.tolist()) for h, k in zip(probe_hash, probe_keys, strict=True)] == expected
     np.testing.assert_array_equal(probe_keys[rank], keys)
