@@ -155,6 +155,18 @@ def _load(piece: str, name: str) -> np.ndarray:
   return np.load(os.path.join(piece, f"{name}.npy"))
 
 
+def distinct_probes(pieces: list[str]) -> int:
+  """Probes in the piece folders `pieces` (in store order): a probe that runs on from one
+  piece into the next (a bucket sorted in slices) counts once."""
+  total, last = 0, None
+  for path in pieces:
+    src, version = _load(path, "probe_src"), _load(path, "probe_version")
+    if len(version):
+      total += len(version) - (last == (int(version[0]), bytes(src[0])))
+      last = (int(version[-1]), bytes(src[-1]))
+  return total
+
+
 def time_cutoff(pieces: list[str], fraction: float) -> int:
   """`np.quantile(all seconds, 1 - fraction, method="higher")` from per-piece histograms."""
   values, counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -198,14 +210,27 @@ class SplitWriter:
     self.failed = 0
     self.counter = store.ProbeCounter()
     self.piece_sizes = np.zeros(0, np.int64)
+    self.last = None  # the key (version byte, address) of the last probe written
+    self.continues = False
 
   def add_probes(self, sizes: np.ndarray, src: np.ndarray, version: np.ndarray) -> None:
-    """The probes of the next piece; `add_rows` then brings their rows, column by column."""
-    present = sizes > 0
+    """The probes of the next piece; `add_rows` then brings their rows, column by column.
+
+    A piece whose first probe is the last one written (the same key: a bucket sorted in
+    slices, `bucket_sort.Slicer`) goes on with that probe's rows."""
+    present = np.flatnonzero(sizes > 0)
     self.piece_sizes = sizes[present]
-    self.sizes.append(sizes[present])
-    self.src.append(src[present])
-    self.version.append(version[present])
+    if not len(present):
+      self.continues = False
+      return
+    first, last = present[0], present[-1]
+    self.continues = self.last == (int(version[first]), bytes(src[first]))
+    self.last = (int(version[last]), bytes(src[last]))
+    skip = int(self.continues)
+    store.extend_probes(self.sizes, self.piece_sizes, self.continues)
+    if len(present) > skip:
+      self.src.append(src[present[skip:]])
+      self.version.append(version[present[skip:]])
 
   def add_rows(self, name: str, rows: int, fill) -> None:
     """The next `rows` rows of column `name`, written by `fill(out)` into `out` (for "dst",
@@ -222,9 +247,9 @@ class SplitWriter:
     if name == "rtt_bytes":
       failed = store.failed_of(out)
       self.failed += int(np.count_nonzero(failed))
-      self.counter.add_failed(failed, self.piece_sizes)
+      self.counter.add_failed(failed, self.piece_sizes, self.continues)
     elif name == "seconds":
-      self.counter.add_seconds(out, self.piece_sizes)
+      self.counter.add_seconds(out, self.piece_sizes, self.continues)
     self.written[name] += rows
     del out  # unmapped: the pages are page cache now, written back by the kernel
 

@@ -188,3 +188,80 @@ def write_piece(rows: store.ProbeRows, path: str, meta: dict) -> dict:
   counts = rows.write(path, meta)
   store.save_array(os.path.join(path, PROBE_HASH_FILE), rows.probe_hash)
   return counts
+
+
+HOUR_BITS = 21  # hours since 1970 that uint32 seconds reach (< 2^21)
+
+
+class Slicer:
+  """A bucket too large for one sort, cut into slices: consecutive ranges of its store order
+  that are sorted one at a time.
+
+  A bucket holds whole probes, and probes differ in size: a RIPE Atlas anchor pings the other
+  ~800 anchors every 4 minutes (~9M rows a month from that mesh alone) while a month's mean
+  probe holds ~3M rows, so at 2M-row buckets a bucket of one anchor, or of several probes,
+  may hold more rows than the memory budget can sort (`partition.sort_rows`).
+
+  Its rows are counted by (probe, hour) in a first pass over its chunks (`count`); `plan`
+  cuts the bins, in store order (probe by hash, version, address; then hour), into slices of
+  at most `target` rows each (a bin larger than that is a slice of its own: a probe with
+  more rows in one hour than a sort may hold); in a second pass over the same chunks, in the
+  same order, `cut` names each row's slice. Each slice then sorts alone (`order_bucket`) and
+  the slices, one after another, are the bucket's sorted rows: rows of one probe and second
+  are never cut apart, so ties are broken among the same rows, and the splits' writer
+  joins a probe that runs on into the next slice (`assemble.SplitWriter`).
+  """
+
+  def __init__(self, target: int):
+    self.target = target
+    self.keys, self.hashes, self.bins, self.counts = [], [], [], []
+    self.key_count = 0
+    self.starts = self.rank = self.probe_keys = self.probe_hash = None
+
+  def count(self, chunk: partition.Chunk) -> None:
+    """First pass: the chunk's rows counted by (key, hour)."""
+    self.keys.append(chunk.keys)
+    self.hashes.append(chunk.hashes)
+    code = (chunk.probe.astype(np.int64) + self.key_count) << HOUR_BITS
+    code |= (chunk.columns["seconds"] // 3600).astype(np.int64)
+    bins, counts = np.unique(code, return_counts=True)
+    self.bins.append(bins)
+    self.counts.append(counts)
+    self.key_count += len(chunk.keys)
+
+  def plan(self) -> int:
+    """The number of slices (the first pass done)."""
+    self.rank, self.probe_keys, self.probe_hash = probe_ranks(
+      np.concatenate(self.keys), np.concatenate(self.hashes)
+    )
+    hours = (1 << HOUR_BITS) - 1
+    codes = np.concatenate(self.bins)
+    codes = (self.rank[codes >> HOUR_BITS].astype(np.int64) << HOUR_BITS) | (codes & hours)
+    bins, inverse = np.unique(codes, return_inverse=True)
+    ends = np.cumsum(np.bincount(inverse, weights=np.concatenate(self.counts)).astype(np.int64))
+    self.keys = self.hashes = self.bins = self.counts = None
+    starts, first = [], 0
+    while first < len(bins):  # greedy: each slice takes the most bins that fit
+      before = ends[first - 1] if first else 0
+      last = max(first + 1, int(np.searchsorted(ends, before + self.target, side="right")))
+      starts.append(first)
+      first = last
+    self.starts = bins[starts]
+    self.key_count = 0
+    return len(starts)
+
+  def cut(self, chunk: partition.Chunk) -> tuple[partition.Chunk, np.ndarray]:
+    """Second pass: (the chunk with one key per probe and slice, each key's slice)."""
+    rank = self.rank[chunk.probe.astype(np.int64) + self.key_count].astype(np.int64)
+    self.key_count += len(chunk.keys)
+    code = (rank << HOUR_BITS) | (chunk.columns["seconds"] // 3600).astype(np.int64)
+    slices = len(self.starts)
+    pair = rank * slices + np.searchsorted(self.starts, code, side="right") - 1
+    used = np.flatnonzero(np.bincount(pair, minlength=len(self.probe_keys) * slices))
+    number = np.zeros(len(self.probe_keys) * slices, np.int32)
+    number[used] = np.arange(len(used), dtype=np.int32)
+    probe = used // slices
+    cut = partition.Chunk(
+      self.probe_keys[probe], self.probe_hash[probe], number[pair], chunk.columns
+    )
+    return cut, used % slices

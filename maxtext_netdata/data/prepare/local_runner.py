@@ -2,10 +2,10 @@
 
 Rows are partitioned by probe bucket (`partition.Gather`) into one spill file per bucket
 (`SpillWriter`, the runner's GroupByKey), then one bucket at a time is read back and sorted
-(`bucket_sort.order_bucket`). For the probe split and eval files each sorted bucket goes straight
-into the splits (`build`); for the time split, whose cutoff needs every row's time first, each
-is written as a piece and the pieces are assembled afterwards (`pieces`), as the Beam runner
-does.
+(`SpillWriter.sorted`: whole, or in slices when it holds more rows than one sort may). For the
+probe split and eval files each sorted bucket goes straight into the splits (`build`); for the
+time split, whose cutoff needs every row's time first, each is written as a piece and the
+pieces are assembled afterwards (`pieces`), as the Beam runner does.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tqdm
 from maxtext_netdata.config import iso_seconds
 from maxtext_netdata.data.prepare import assemble, bucket_sort, partition, row_kernels
 from maxtext_netdata.data.raw import reader
-from maxtext_netdata.data.store import dst_table
+from maxtext_netdata.data.store.dst_table import DstEncoder
 from maxtext_netdata.errors import ConfigError, DataError, WritesTo
 
 
@@ -131,22 +131,19 @@ def build(config, options, files, metadata, *, buckets, work, spill_dir, split, 
   if not sum(totals.values()) and not allow_empty:
     shutil.rmtree(spill_dir, ignore_errors=True)
     raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
-  probes = 0
   with assemble.Assembler(
     work, split, fraction, meta, totals, uses_hashed_order(config)
   ) as assembler:
     for bucket in tqdm.tqdm(
       range(buckets), desc="prepare: sort", unit="bucket", disable=not progress
     ):
-      chunks = spill_files.read(bucket)
-      if chunks:
-        sorted_bucket = bucket_sort.order_bucket(chunks)
-        del chunks
+      for sorted_bucket in spill_files.sorted(bucket, config.network_prepare_memory_mb):
         assembler.add(sorted_bucket)
-        probes += sorted_bucket.num_probes
         del sorted_bucket
+  counts = assembler.finish()
   shutil.rmtree(spill_dir, ignore_errors=True)
-  return assembler.finish(), report, probes
+  # Each probe is in one split (a probe split or the eval files' one).
+  return counts, report, sum(c["probes"] for c in counts.values())
 
 
 def pieces(config, options, files, metadata, *, buckets, pieces_dir, progress) -> tuple:
@@ -159,13 +156,14 @@ def pieces(config, options, files, metadata, *, buckets, pieces_dir, progress) -
     config, options, files, metadata, buckets=buckets, folder=pieces_dir + "-spill",
     progress=progress,
   )  # fmt: skip
-  pieces = []
+  pieces, memory_mb = [], config.network_prepare_memory_mb
   for bucket in tqdm.tqdm(
     range(buckets), desc="prepare: sort", unit="bucket", disable=not progress
   ):
-    chunks = spill_files.read(bucket)
-    if chunks:
-      pieces.append(sort_and_write(bucket, chunks, pieces_dir))
+    for part, sorted_bucket in enumerate(spill_files.sorted(bucket, memory_mb)):
+      pieces.append(os.path.join(pieces_dir, f"{bucket:05d}-{part:04d}"))
+      bucket_sort.write_piece(sorted_bucket.rows(), pieces[-1], {})
+      del sorted_bucket
   shutil.rmtree(pieces_dir + "-spill", ignore_errors=True)
   return pieces, report
 
@@ -189,7 +187,7 @@ class SpillWriter:
   opened to append and closed again.
   """
 
-  def __init__(self, folder: str, buckets: int):
+  def __init__(self, folder: str, buckets: int, dst_table=None):
     os.makedirs(folder, exist_ok=True)
     self.folder = folder
     self.rows = [0] * buckets
@@ -199,7 +197,7 @@ class SpillWriter:
     self.written: set[int] = set()
     self.held: list[partition.Chunk] | None = [] if buckets == 1 else None
     # The build's destinations, which the records index (`partition.Records`).
-    self.dst_table = dst_table.DstEncoder()
+    self.dst_table = DstEncoder() if dst_table is None else dst_table
     self.buffers: dict[str, np.ndarray] = {}
     self.keep_open, self.limit = True, None
     if buckets > 1:
@@ -279,6 +277,54 @@ class SpillWriter:
       raise OSError(f"{path}: spill file cut short ({row} of {rows} rows)")
     os.remove(path)
     return [chunk]
+
+  def stream(self, bucket: int):
+    """The bucket's rows as chunks of at most about `SPILL_BLOCK` bytes of records each (a
+    larger record, a larger chunk), in the order they were written; the file is kept."""
+    path, table, rows = self.path(bucket), self.dst_table.table(), 0
+    rest = np.zeros(0, np.uint8)
+    with open(path, "rb") as f:
+      while block := f.read(SPILL_BLOCK):
+        data = np.concatenate([rest, np.frombuffer(block, np.uint8)]) if len(rest) else block
+        data = np.frombuffer(data, np.uint8)
+        used = partition.whole_records(data)[0]
+        if used:
+          chunk = partition.read_records([data[:used]], table)
+          rows += len(chunk)
+          yield chunk
+        rest = data[used:]
+    if len(rest) or rows != self.rows[bucket]:
+      raise OSError(f"{path}: spill file cut short ({rows} of {self.rows[bucket]} rows)")
+
+  def sorted(self, bucket: int, memory_mb: int):
+    """The bucket's rows in store order (`bucket_sort.SortedBucket`s, one after another): in
+    one piece when one sort may hold them, else in slices (`bucket_sort.Slicer`), each sorted
+    alone; the bucket's file is removed once read."""
+    if self.rows[bucket] <= partition.sort_rows(memory_mb):
+      chunks = self.read(bucket)
+      if chunks:
+        yield bucket_sort.order_bucket(chunks)
+      return
+    slicer = bucket_sort.Slicer(partition.bucket_rows(memory_mb))
+    for chunk in self.stream(bucket):
+      slicer.count(chunk)
+    count = slicer.plan()
+    if count == 1:  # one (probe, hour) bin: no finer cut keeps its ties together
+      yield bucket_sort.order_bucket(self.read(bucket))
+      return
+    slices = SpillWriter(self.path(bucket) + "-slices", count, self.dst_table)
+    try:
+      for chunk in self.stream(bucket):
+        cut, key_slice = slicer.cut(chunk)
+        slices.add(partition.split_chunks([cut], count, self.dst_table, key_slice))
+    finally:
+      slices.close()
+    os.remove(self.path(bucket))
+    for part in range(count):
+      chunks = slices.read(part)
+      if chunks:
+        yield bucket_sort.order_bucket(chunks)
+    shutil.rmtree(slices.folder, ignore_errors=True)
 
 
 # Files besides the spill files a prepare may hold open at once (its inputs, Arrow's and

@@ -49,8 +49,13 @@ GATHER_BYTES_PER_ROW = 64
 
 def bucket_rows(memory_mb: int) -> int:
   """Rows per bucket that keep a prepare with `memory_mb` of memory within it."""
-  budget = memory_mb * (1 << 20) - FIXED_BYTES
-  return int(min(MAX_BUCKET_ROWS, max(1 << 16, budget // SORT_BYTES_PER_ROW)))
+  return int(min(MAX_BUCKET_ROWS, sort_rows(memory_mb)))
+
+
+def sort_rows(memory_mb: int) -> int:
+  """Rows that one sort may hold within `memory_mb` of memory: a bucket with more (a bucket
+  holds whole probes, and probes differ in size) is sorted in slices (`bucket_sort`)."""
+  return int(max(1 << 16, (memory_mb * (1 << 20) - FIXED_BYTES) // SORT_BYTES_PER_ROW))
 
 
 def gather_rows(buckets: int, memory_mb: int) -> int:
@@ -179,18 +184,26 @@ def read_records(records: list, dst_table: np.ndarray | None = None) -> Chunk:
   `Records` records), their probe tables joined; `dst_table` (uint8 [D, 16]) is the table of
   destinations that indexed records were written with."""
   arrays = [np.frombuffer(r, np.uint8) for r in records]
-  rows = keys = flags = 0
-  for array in arrays:
-    at = 0
-    while at < len(array):
-      n, k, flags = (int(x) for x in array[at : at + 24].view(np.int64))
-      rows, keys = rows + n, keys + k
-      at += int(row_kernels.record_layout(n, k, flags)[0])
   data = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+  whole, rows, keys, flags = whole_records(data)
+  assert whole == len(data), (whole, len(data))
   chunk = empty_chunk(rows, keys, bool(flags & row_kernels.HASHED))
   used, got_rows, got_keys = row_kernels.unpack_records(data, 0, 0, *chunk_arrays(chunk), dst_table)
   assert (used, got_rows, got_keys) == (len(data), rows, keys), (used, got_rows, got_keys)
   return chunk
+
+
+def whole_records(data: np.ndarray) -> tuple[int, int, int, int]:
+  """(bytes, rows, keys, flags) of the whole records at the start of `data` (uint8): a record
+  cut short at its end is left out."""
+  at = rows = keys = flags = 0
+  while at + 24 <= len(data):
+    n, k, f = (int(x) for x in data[at : at + 24].view(np.int64))
+    size = int(row_kernels.record_layout(n, k, f)[0])
+    if at + size > len(data):
+      break
+    at, rows, keys, flags = at + size, rows + n, keys + k, f
+  return at, rows, keys, flags
 
 
 def empty_chunk(rows: int, keys: int, hashed: bool, row_array=None) -> Chunk:
@@ -214,19 +227,21 @@ def chunk_arrays(chunk: Chunk) -> tuple:
           chunk.keys, chunk.hashes)  # fmt: skip
 
 
-def split_chunks(chunks: list[Chunk], buckets: int, dst_table=None) -> Records:
+def split_chunks(chunks: list[Chunk], buckets: int, dst_table=None, key_bucket=None) -> Records:
   """The rows of `chunks` by bucket, as records (`row_kernels.write_records`, `scatter_rows`);
   a bucket's probe table is its probes' keys in the chunks' order, a bucket's rows the
   chunks' rows in their order. `chunks` is emptied as each is placed, so that its memory
   goes as the records fill. With `dst_table` (a `dst_table.DstEncoder` kept for the build)
-  the records keep each destination as its index in that table."""
+  the records keep each destination as its index in that table. Each key's bucket is that
+  of its hash (`bucket_of`) unless `key_bucket` (int64, the chunks' keys in order) says."""
   flags = row_kernels.HASHED if "hashed_order" in chunks[0].columns else 0
   if dst_table is not None:
     flags |= row_kernels.DST_INDEXED
   keys = np.concatenate([c.keys for c in chunks])
   hashes = np.concatenate([c.hashes for c in chunks])
   key_at = np.cumsum([0, *(len(c.keys) for c in chunks)])
-  key_bucket = bucket_of(hashes, buckets)
+  if key_bucket is None:
+    key_bucket = bucket_of(hashes, buckets)
   # Each key's number within its bucket, for all buckets at once (per bucket, a pass over
   # every probe of the batch cost buckets x probes: ~100 x 50k per batch at 200M rows).
   key_order, key_bounds = row_kernels.counting_order(key_bucket, buckets)

@@ -220,7 +220,7 @@ def _build_group(
   )
   if not pieces and not allow_empty:
     raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
-  probes = sum(store.PreparedStore(path).num_probes for path in pieces)
+  probes = assemble.distinct_probes(pieces)
   counts = assemble.assemble(pieces, work, split, config.network_test_fraction, meta)
   shutil.rmtree(pieces_dir, ignore_errors=True)
   return counts, report, probes

@@ -346,8 +346,20 @@ def seconds_for_file(seconds: np.ndarray) -> np.ndarray:
   return seconds.astype(np.uint32, copy=False)
 
 
+def extend_probes(parts: list, values: np.ndarray, continues: bool) -> None:
+  """Append per-probe `values` to `parts` (arrays, one after another), the first added to
+  the last probe's when `continues` (a probe whose rows came in two pieces)."""
+  if continues:
+    last = parts[-1] = parts[-1].copy()
+    last[-1] += values[0]
+    values = values[1:]
+  if len(values):
+    parts.append(values)
+
+
 class ProbeCounter:
-  """`probe_counts` of a split written in order, whole probes at a time (`assemble`).
+  """`probe_counts` of a split written in order, whole probes at a time (`assemble`), or a
+  probe's rows in two pieces, one after the other (`continues`).
 
   Holds only per-probe counts: nothing row-sized outlives a call.
   """
@@ -363,15 +375,17 @@ class ProbeCounter:
     np.cumsum(sizes[:-1], out=starts[1:])
     return np.add.reduceat(flags, starts, dtype=np.int64)
 
-  def add_seconds(self, seconds: np.ndarray, sizes: np.ndarray) -> None:
-    """The seconds of whole probes of `sizes` rows each (all > 0), next in the split."""
+  def add_seconds(self, seconds: np.ndarray, sizes: np.ndarray, continues=False) -> None:
+    """The seconds of probes of `sizes` rows each (all > 0), next in the split; the first
+    probe's rows go on from the last probe's when `continues`."""
     if len(seconds):
-      self.gaps.append(self._per_probe(_long_gaps(seconds, self.previous), sizes))
+      gaps = self._per_probe(_long_gaps(seconds, self.previous), sizes)
+      extend_probes(self.gaps, gaps, continues)
       self.previous = int(seconds[-1])
 
-  def add_failed(self, failed: np.ndarray, sizes: np.ndarray) -> None:
+  def add_failed(self, failed: np.ndarray, sizes: np.ndarray, continues=False) -> None:
     if len(failed):
-      self.failed.append(self._per_probe(failed, sizes))
+      extend_probes(self.failed, self._per_probe(failed, sizes), continues)
 
   def counts(self) -> tuple[np.ndarray, np.ndarray]:
     empty = np.zeros(0, dtype=np.int64)

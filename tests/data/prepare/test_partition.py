@@ -17,7 +17,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from maxtext_netdata.data.prepare import assemble, local_runner, partition, prepare, probes
+from maxtext_netdata.data.prepare import (
+  assemble,
+  bucket_sort,
+  local_runner,
+  partition,
+  prepare,
+  probes,
+)
 from maxtext_netdata.data.store import store
 from maxtext_netdata.data.synthetic.generate import generate
 from tests.helpers import REPO
@@ -60,6 +67,76 @@ def test_bucket_count_does_not_change_the_store(tmp_path, raw_files, monkeypatch
   keys = np.concatenate([one.train.probe_version[:, None], one.train.probe_src], axis=1)
   assert (np.diff(probes.probe_hashes(keys).astype(np.float64)) >= 0).all()
   assert not glob.glob(str(tmp_path / "*" / ".*"))  # no spill, pieces or lock left
+
+
+@pytest.mark.parametrize(
+  "overrides",
+  [(), ("network_split=time", "network_test_fraction=0.3"), ("network_field_order=hashed",)],
+  ids=["probe split", "time split", "hashed order"],
+)
+def test_buckets_larger_than_one_sort_are_sorted_in_slices_into_the_same_store(
+  tmp_path, raw_files, monkeypatch, overrides
+):
+  # A bucket holds whole probes, and probes differ in size (here up to ~3,900 rows, at
+  # RIPE Atlas's scale an anchor's ~9M rows a month): 15 buckets of ~2,000 rows, where one
+  # sort may hold 700, are cut into slices of the store order, probes running on across them.
+  one = prepare.prepare(store_config(tmp_path / "one", raw_files, *overrides), progress=False)
+  monkeypatch.setattr(partition, "num_buckets", lambda rows, memory_mb: 15)
+  monkeypatch.setattr(partition, "sort_rows", lambda memory_mb: 700)
+  monkeypatch.setattr(partition, "gather_rows", lambda buckets, memory_mb: 2_000)
+  monkeypatch.setattr(local_runner, "SPILL_BLOCK", 64)
+  sorts = []
+  order_bucket = bucket_sort.order_bucket
+
+  def counted(chunks):  # the real sort, its rows noted
+    ordered = order_bucket(chunks)
+    sorts.append(ordered.num_rows)
+    return ordered
+
+  monkeypatch.setattr(bucket_sort, "order_bucket", counted)
+  sliced = prepare.prepare(
+    store_config(tmp_path / "sliced", raw_files[::-1], *overrides), progress=False
+  )
+  assert max(sorts) <= 700 and len(sorts) > 30, sorts
+  a, b = store_files(one.summary["path"]), store_files(sliced.summary["path"])
+  assert a.keys() == b.keys()
+  for name in a:
+    assert a[name] == b[name], name
+  assert sliced.summary["probes"] == one.summary["probes"]
+  assert not glob.glob(str(tmp_path / "*" / ".*"))  # no spill, slices or pieces left
+
+
+def test_a_slice_plan_cuts_the_store_order_into_slices_that_fit():
+  rng = np.random.default_rng(3)
+  keys = rng.integers(0, 256, (6, 17), dtype=np.uint8)
+  hashes = probes.probe_hashes(keys)
+  chunks = []
+  for n in (500, 3_000, 40):  # a probe table per chunk, each probe's key seen in several
+    probe = rng.integers(0, 6, n).astype(np.int32)
+    seconds = rng.integers(1_700_000_000, 1_700_000_000 + 40 * 3600, n).astype(np.uint32)
+    chunks.append(partition.Chunk(keys, hashes, probe, {"seconds": seconds}))
+  slicer = bucket_sort.Slicer(target=400)
+  for chunk in chunks:
+    slicer.count(chunk)
+  count = slicer.plan()
+  order = np.argsort(hashes)  # the probes' store order (hashes differ)
+  rank = np.empty(6, np.int64)
+  rank[order] = np.arange(6)
+  row_key, row_slice = [], []
+  for chunk in chunks:
+    cut, key_slice = slicer.cut(chunk)
+    assert (cut.keys[cut.probe] == chunk.keys[chunk.probe]).all()  # each row keeps its probe
+    row_slice.append(key_slice[cut.probe])
+    row_key.append(rank[chunk.probe] * 2**32 + chunk.columns["seconds"])
+  row_key, row_slice = np.concatenate(row_key), np.concatenate(row_slice)
+  by_order = row_slice[np.argsort(row_key, kind="stable")]
+  assert (np.diff(by_order) >= 0).all()  # consecutive ranges of the store order
+  sizes = np.bincount(row_slice, minlength=count)
+  assert (sizes <= 400).all() and (sizes > 0).all() and sizes.sum() == 3_540
+  assert count == -(-3_540 // 400) or count == -(-3_540 // 400) + 1  # greedy: few slices
+  hours = (row_key >> 32) * 2**21 + (row_key & (2**32 - 1)) // 3600  # (probe, hour) bins
+  for s in range(count - 1):  # a (probe, hour) never spans two slices
+    assert hours[row_slice == s].max() < hours[row_slice == s + 1].min()
 
 
 LIMITED_PREPARE = """
