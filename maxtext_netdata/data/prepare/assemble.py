@@ -1,9 +1,9 @@
-"""The last step of prepare: sorted pieces (one per bucket, in bucket order) → the store's splits.
+"""The last step of prepare: sorted pieces (a bucket's, or a slice of it, in store order) → splits.
 
 Each split's arrays are the pieces' arrays concatenated, less the rows of the other split:
 with `network_split: probe` a probe is held out when its hash, as a fraction of 2^64, is below
 `network_test_fraction`; with `time`, every row at or after the `1 - fraction` quantile of
-time (numpy's "higher" quantile over all rows, found from the pieces' histograms of seconds).
+time (numpy's "higher" quantile over all rows, `time_cutoff`).
 Memory holds one piece's column at a time plus per-probe arrays, whatever the store's size.
 Each split also gets its probe statistics (`store.STATS_ARRAYS`), counted as its rows go by,
 so no reader has to scan the store for them.
@@ -168,19 +168,69 @@ def distinct_probes(pieces: list[str]) -> int:
 
 
 def time_cutoff(pieces: list[str], fraction: float) -> int:
-  """`np.quantile(all seconds, 1 - fraction, method="higher")` from per-piece histograms."""
-  values, counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+  """`np.quantile(all seconds, 1 - fraction, method="higher")` of the pieces' rows, exactly.
+
+  Each piece's seconds are read once and counted by hour; then, in the hour that holds the
+  quantile, its seconds are counted from each probe's rows in that hour alone (a binary search
+  in the probe's time-sorted rows of a memory map: a few pages a probe). A union of each
+  piece's distinct seconds, the way this was first done, cost ~0.47 CPU-s a piece with a
+  month's ~2.7M distinct seconds: ~2.3 CPU-hours at RIPE Atlas's ~17,500 pieces.
+  """
+  hours, first = np.zeros(0, np.int64), 0  # rows by hour, from hour `first`
   for piece in pieces:
-    v, c = np.unique(_load(piece, "seconds"), return_counts=True)
-    values, inverse = np.unique(np.concatenate([values, v]), return_inverse=True)
-    counts = np.bincount(inverse, weights=np.concatenate([counts, c]), minlength=len(values))
-    counts = counts.astype(np.int64)
-  n = int(counts.sum())
-  q = 1.0 - fraction
-  # numpy's virtual index for "higher" (alpha = beta = 1), then its ceiling, clipped.
-  virtual = n * q + (1 + q * (1 - 1 - 1)) - 1
-  index = int(min(max(np.ceil(virtual), 0), n - 1))
-  return int(values[np.searchsorted(np.cumsum(counts), index, side="right")])
+    hour = _load(piece, "seconds") // 3600
+    if not len(hour):
+      continue
+    low = int(hour.min())
+    counts = np.bincount(hour - low)
+    if not len(hours):
+      hours, first = counts, low
+      continue
+    start, stop = min(first, low), max(first + len(hours), low + len(counts))
+    if (start, stop) != (first, first + len(hours)):
+      grown = np.zeros(stop - start, np.int64)
+      grown[first - start : first - start + len(hours)] = hours
+      hours, first = grown, start
+    hours[low - first : low - first + len(counts)] += counts
+  ends = np.cumsum(hours)
+  n = int(ends[-1]) if len(ends) else 0
+  if not n:
+    return 0  # no rows: no cutoff to find
+  # numpy's index for "higher" (numpy >= 1.22), the same float64 product: ceil((n - 1) q).
+  index = int(min(max(np.ceil((n - 1) * (1.0 - fraction)), 0), n - 1))
+  at = int(np.searchsorted(ends, index, side="right"))  # the hour of row `index` in time order
+  before = int(ends[at - 1]) if at else 0
+  start = (first + at) * 3600
+  seconds = np.zeros(3600, np.int64)
+  for piece in pieces:
+    column = np.load(os.path.join(piece, "seconds.npy"), mmap_mode="r")
+    offsets = _load(piece, "probe_offsets")
+    lo = search_ranges(column, offsets[:-1], offsets[1:], start, right=False)
+    hi = search_ranges(column, lo, offsets[1:], start + 3599, right=True)
+    sizes = hi - lo
+    if sizes.sum():
+      rows = np.repeat(lo - np.cumsum(sizes) + sizes, sizes) + np.arange(sizes.sum())
+      seconds += np.bincount(np.asarray(column[rows]) - start, minlength=3600)
+    del column
+  return start + int(np.searchsorted(np.cumsum(seconds), index - before, side="right"))
+
+
+def search_ranges(seconds, lo: np.ndarray, hi: np.ndarray, value, *, right: bool) -> np.ndarray:
+  """For each range [lo[p], hi[p]) of non-decreasing `seconds` (a memory map: only the rows
+  looked at are read), the first row whose second is >= `value` (> `value` if `right`; one
+  value, or one per range): a binary search in all ranges at once, ~log2(rows) reads of one
+  row per range."""
+  lo, hi = lo.copy(), hi.copy()
+  value = np.broadcast_to(np.asarray(value), lo.shape)
+  while True:
+    active = np.flatnonzero(lo < hi)
+    if not len(active):
+      return lo
+    mid = (lo[active] + hi[active]) // 2
+    at = np.asarray(seconds[mid])
+    below = at <= value[active] if right else at < value[active]
+    lo[active[below]] = mid[below] + 1
+    hi[active[~below]] = mid[~below]
 
 
 class SplitWriter:

@@ -120,8 +120,10 @@ class _Source:
     keys = probe_hash.probe_keys(np.array(split.probe_version), np.array(split.probe_src))
     if window is not None:
       # A probe's rows are in time order: its rows in the window are one run.
-      self.starts = _search(split.seconds, self.starts, stops, window[0], right=False)
-      stops = _search(split.seconds, self.starts, stops, window[1], right=True)
+      self.starts = assemble.search_ranges(
+        split.seconds, self.starts, stops, window[0], right=False
+      )
+      stops = assemble.search_ranges(split.seconds, self.starts, stops, window[1], right=True)
       present = stops > self.starts
       self.starts, stops, keys = self.starts[present], stops[present], keys[present]
     self.sizes = stops - self.starts
@@ -304,12 +306,12 @@ class _Parts:
     tail_start = np.empty(len(both), np.int64)
     for i, source in enumerate(union.sources):
       mine = early == i
-      head_end[mine] = _search(
+      head_end[mine] = assemble.search_ranges(
         source.seconds, starts[mine, i], stops[mine, i], union.first[g[mine], 1 - i], right=False
       )
       # Tail: the last-ending source's rows after the other's last second.
       mine = ender == i
-      tail_start[mine] = _search(
+      tail_start[mine] = assemble.search_ranges(
         source.seconds, starts[mine, i], stops[mine, i], union.last[g[mine], 1 - i], right=True
       )
     k = np.arange(len(both))
@@ -375,21 +377,3 @@ def _joined(runs) -> list[tuple[int, int, int]]:
     else:
       out.append((source, start, n))
   return out
-
-
-def _search(seconds, lo: np.ndarray, hi: np.ndarray, value, *, right: bool) -> np.ndarray:
-  """For each range [lo[p], hi[p]) of non-decreasing `seconds` (a memory map: only the rows
-  looked at are read), the first row whose second is >= `value` (> `value` if `right`; one
-  value, or one per range): a binary search in all ranges at once, ~log2(rows) reads of one
-  row per range."""
-  lo, hi = lo.copy(), hi.copy()
-  value = np.broadcast_to(np.asarray(value), lo.shape)
-  while True:
-    active = np.flatnonzero(lo < hi)
-    if not len(active):
-      return lo
-    mid = (lo[active] + hi[active]) // 2
-    at = np.asarray(seconds[mid])
-    below = at <= value[active] if right else at < value[active]
-    lo[active[below]] = mid[below] + 1
-    hi[active[~below]] = mid[~below]

@@ -165,23 +165,35 @@ def test_more_buckets_than_files_a_process_may_open_build_the_same_store(tmp_pat
     assert a[name] == b[name], name
 
 
-def test_time_cutoff_is_numpys_higher_quantile(tmp_path):
+@pytest.mark.parametrize("span", [500, 40 * 86400], ids=["one hour", "40 days"])
+def test_time_cutoff_is_numpys_higher_quantile(tmp_path, span):
   rng = np.random.default_rng(0)
   pieces = []
-  for k, n in enumerate((1, 7, 1000, 333)):
+  # Pieces of one or several probes, each probe's rows time-sorted, over hours that differ
+  # from piece to piece (a piece may start before the pieces before it).
+  # The last piece's rows are all at an hour's first or last second, near the middle.
+  middle = (1_700_000_000 + span // 2) // 3600
+  for k, (n, probes_in) in enumerate(((1, 1), (7, 3), (1000, 1), (333, 5), (2000, 40), (3000, 9))):
+    start = int(rng.integers(1_700_000_000, 1_700_000_000 + span))
+    probe = np.sort(rng.integers(0, probes_in, n))
+    seconds = start - span // 2 + rng.integers(0, span, n)
+    if k == 5:
+      seconds = (middle + rng.integers(-1, 2, n)) * 3600 + rng.choice([0, 3599], n)
+    order = np.lexsort((seconds, probe))
+    sizes = np.bincount(probe[order], minlength=probes_in)
     rows = store.ProbeRows(
-      probe_offsets=np.array([0, n]),
-      probe_src=np.zeros((1, 16), np.uint8),
-      probe_version=np.array([4], np.uint8),
+      probe_offsets=np.concatenate([[0], np.cumsum(sizes[sizes > 0])]),
+      probe_src=np.zeros((int((sizes > 0).sum()), 16), np.uint8),
+      probe_version=np.full(int((sizes > 0).sum()), 4, np.uint8),
       dst=np.zeros((n, 16), np.uint8),
-      seconds=np.sort(rng.integers(0, 500, n)),
+      seconds=seconds[order],
       rtt_bytes=np.ones((n, 2), np.uint8),
       hashed_order=None,
     )
     rows.write(str(tmp_path / str(k)), {})
     pieces.append(str(tmp_path / str(k)))
   seconds = np.concatenate([np.load(os.path.join(p, "seconds.npy")) for p in pieces])
-  for fraction in (0.001, 0.1, 0.25, 0.5, 0.9, 0.999):
+  for fraction in (0.0001, 0.001, 0.1, 0.25, 0.4, 0.5, 0.6, 0.9, 0.999, 0.9999):
     expected = np.quantile(seconds, 1 - fraction, method="higher")
     assert assemble.time_cutoff(pieces, fraction) == expected, fraction
 
