@@ -313,6 +313,7 @@ class SpillWriter:
       yield bucket_sort.order_bucket(self.read(bucket))
       return
     slices = SpillWriter(self.path(bucket) + "-slices", count, self.dst_table)
+    slices.buffers = self.buffers  # the bucket reads' arrays, reused: none held twice
     try:
       for chunk in self.stream(bucket):
         cut, key_slice = slicer.cut(chunk)
