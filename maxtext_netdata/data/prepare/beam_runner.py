@@ -4,7 +4,7 @@
 
 read each file in batches and partition its rows by probe bucket (`partition.read_chunks`, a file's batches
 gathered by `partition.Gather` into one record a bucket) → GroupByKey on the bucket → sort each bucket and write it as a piece
-(`local_runner.sort_and_write`). The functions are the built-in runner's, so both build
+(`local_runner.write_pieces`; a bucket larger than one sort in slices). The functions are the built-in runner's, so both build
 byte-identical stores; listing, the builder lock, assembling the pieces into the store and
 caching stay in `data.prepare.prepare`. Beam's DirectRunner runs it unless the options after `--`
 name another runner (`--runner=DataflowRunner --project ... --temp_location gs://...`).
@@ -16,14 +16,17 @@ DirectRunner, a shared mount (Filestore, GCS FUSE, NFS) for a distributed runner
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import tempfile
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from maxtext_netdata.data import beam_temp
-from maxtext_netdata.data.prepare import local_runner, partition
+from maxtext_netdata.data.prepare import bucket_sort, local_runner, partition
 from maxtext_netdata.data.raw import reader
 
 
@@ -40,6 +43,8 @@ def runner(beam_args: list[str]):
       "skip_bad": config.network_skip_bad_rows,
       "bounds": local_runner.time_bounds(config),
       "gather_rows": partition.gather_rows(buckets, config.network_prepare_memory_mb),
+      "sort_rows": partition.sort_rows(config.network_prepare_memory_mb),
+      "slice_rows": partition.bucket_rows(config.network_prepare_memory_mb),
     }
     pipeline_options = PipelineOptions(beam_args or ["--runner=DirectRunner"])
     with (
@@ -51,7 +56,7 @@ def runner(beam_args: list[str]):
         | "files" >> beam.Create(list(enumerate(files)))
         | "read and partition" >> beam.FlatMap(_read_and_partition, options, settings, reports_dir)
         | "group by bucket" >> beam.GroupByKey()
-        | "sort and write" >> beam.Map(_sort_and_write, pieces_dir)
+        | "sort and write" >> beam.Map(_sort_and_write, pieces_dir, settings)
       )
     report = reader.ReadReport()
     for name in sorted(os.listdir(reports_dir)):
@@ -92,8 +97,23 @@ def _read_and_partition(indexed, options, settings, reports_dir):
     json.dump(result, f)
 
 
-def _sort_and_write(grouped, pieces_dir):
+def _sort_and_write(grouped, pieces_dir, settings):
+  """A bucket's records (Beam's grouped values: iterable again and again) sorted and written
+  as pieces: whole, or in slices in a local folder when one sort may not hold its rows
+  (`local_runner.sort_in_slices`)."""
   bucket, records = grouped
-  return local_runner.sort_and_write(
-    int(bucket), [partition.read_records(list(records))], pieces_dir
-  )
+  bucket = int(bucket)
+  rows = sum(partition.whole_records(np.frombuffer(r, np.uint8))[1] for r in records)
+  if rows <= settings["sort_rows"]:
+    parts = [bucket_sort.order_bucket([partition.read_records(list(records))])]
+    return local_runner.write_pieces(bucket, parts, pieces_dir)
+  with tempfile.TemporaryDirectory(prefix=f"bucket-{bucket:05d}-slices-") as folder:
+    chunks = functools.partial(_record_chunks, records)
+    parts = local_runner.sort_in_slices(chunks, folder, settings["slice_rows"])
+    return local_runner.write_pieces(bucket, parts, pieces_dir)
+
+
+def _record_chunks(records):
+  """A chunk of each of a bucket's records, in their order."""
+  for record in records:
+    yield partition.read_records([record])

@@ -160,26 +160,28 @@ def pieces(config, options, files, metadata, *, buckets, pieces_dir, progress) -
   for bucket in tqdm.tqdm(
     range(buckets), desc="prepare: sort", unit="bucket", disable=not progress
   ):
-    for part, sorted_bucket in enumerate(spill_files.sorted(bucket, memory_mb)):
-      pieces.append(os.path.join(pieces_dir, f"{bucket:05d}-{part:04d}"))
-      bucket_sort.write_piece(sorted_bucket.rows(), pieces[-1], {})
-      del sorted_bucket
+    pieces += write_pieces(bucket, spill_files.sorted(bucket, memory_mb), pieces_dir)
   shutil.rmtree(pieces_dir + "-spill", ignore_errors=True)
   return pieces, report
 
 
-def sort_and_write(bucket: int, chunks: list, pieces_dir: str) -> str:
-  """Sort one bucket's chunks into the piece `<pieces_dir>/<bucket>`; its folder."""
-  path = os.path.join(pieces_dir, f"{bucket:05d}")
-  bucket_sort.write_piece(bucket_sort.sort_bucket(chunks), path, {})
-  return path
+def write_pieces(bucket: int, parts, pieces_dir: str) -> list[str]:
+  """Each `bucket_sort.SortedBucket` of `parts` (a bucket, whole or in slices) written as the
+  piece `<pieces_dir>/<bucket>-<part>`; their folders."""
+  paths = []
+  for part, sorted_bucket in enumerate(parts):
+    paths.append(os.path.join(pieces_dir, f"{bucket:05d}-{part:04d}"))
+    bucket_sort.write_piece(sorted_bucket.rows(), paths[-1], {})
+    del sorted_bucket
+  return paths
 
 
 class SpillWriter:
   """Chunks appended to one local file per bucket: the built-in runner's GroupByKey.
 
-  With one bucket the chunks stay in memory instead: the bucket is read back whole anyway,
-  and the memory budget that allowed one bucket counts its rows.
+  With one bucket the chunks stay in memory instead (unless `hold` is False: the spill's
+  caller then adds them as records too): the bucket is read back whole anyway, and the memory
+  budget that allowed one bucket counts its rows.
 
   A bucket's file stays open while records come when the process may hold that many files
   (RIPE Atlas's month at the default memory is ~17,500 buckets; the soft limit, often 1024,
@@ -187,7 +189,7 @@ class SpillWriter:
   opened to append and closed again.
   """
 
-  def __init__(self, folder: str, buckets: int, dst_table=None):
+  def __init__(self, folder: str, buckets: int, dst_table=None, hold=None):
     os.makedirs(folder, exist_ok=True)
     self.folder = folder
     self.rows = [0] * buckets
@@ -195,7 +197,8 @@ class SpillWriter:
     self.hashed = False
     self.files: dict[int, object] = {}  # the open files, when they stay open
     self.written: set[int] = set()
-    self.held: list[partition.Chunk] | None = [] if buckets == 1 else None
+    hold = buckets == 1 if hold is None else hold
+    self.held: list[partition.Chunk] | None = [] if hold else None
     # The build's destinations, which the records index (`partition.Records`).
     self.dst_table = DstEncoder() if dst_table is None else dst_table
     self.buffers: dict[str, np.ndarray] = {}
@@ -305,27 +308,41 @@ class SpillWriter:
       if chunks:
         yield bucket_sort.order_bucket(chunks)
       return
-    slicer = bucket_sort.Slicer(partition.bucket_rows(memory_mb))
-    for chunk in self.stream(bucket):
-      slicer.count(chunk)
-    count = slicer.plan()
-    if count == 1:  # one (probe, hour) bin: no finer cut keeps its ties together
-      yield bucket_sort.order_bucket(self.read(bucket))
-      return
-    slices = SpillWriter(self.path(bucket) + "-slices", count, self.dst_table)
-    slices.buffers = self.buffers  # the bucket reads' arrays, reused: none held twice
-    try:
-      for chunk in self.stream(bucket):
-        cut, key_slice = slicer.cut(chunk)
-        slices.add(partition.split_chunks([cut], count, self.dst_table, key_slice))
-    finally:
-      slices.close()
+    # The bucket reads' arrays and destination table are the slices' too: none held twice.
+    yield from sort_in_slices(
+      functools.partial(self.stream, bucket), self.path(bucket) + "-slices",
+      partition.bucket_rows(memory_mb), self.dst_table, self.buffers,
+    )  # fmt: skip
     os.remove(self.path(bucket))
-    for part in range(count):
-      chunks = slices.read(part)
-      if chunks:
-        yield bucket_sort.order_bucket(chunks)
-    shutil.rmtree(slices.folder, ignore_errors=True)
+
+
+def sort_in_slices(chunks, folder: str, target: int, table=None, buffers=None):
+  """The rows of a bucket too large for one sort in store order, as the `SortedBucket` of each
+  of its slices (`bucket_sort.Slicer`, at most `target` rows each), one after another.
+
+  `chunks()` gives the bucket's chunks, the same ones in the same order each call: they are
+  read twice, to count the rows, then to append each to its slice's file (a `SpillWriter`
+  in `folder`, removed at the end, with destination table `table` and arrays `buffers` when
+  given). Each slice is read back and sorted when the one before has been taken.
+  """
+  slicer = bucket_sort.Slicer(target)
+  for chunk in chunks():
+    slicer.count(chunk)
+  count = slicer.plan()
+  slices = SpillWriter(folder, count, table, hold=False)
+  if buffers is not None:
+    slices.buffers = buffers
+  try:
+    for chunk in chunks():
+      cut, key_slice = slicer.cut(chunk)
+      slices.add(partition.split_chunks([cut], count, slices.dst_table, key_slice))
+  finally:
+    slices.close()
+  for part in range(count):
+    got = slices.read(part)
+    if got:
+      yield bucket_sort.order_bucket(got)
+  shutil.rmtree(folder, ignore_errors=True)
 
 
 # Files besides the spill files a prepare may hold open at once (its inputs, Arrow's and

@@ -28,11 +28,19 @@ WINDOW = ("network_since=2025-07-01T01:00:00", "network_until=2025-07-01T05:00:0
 
 
 @pytest.mark.parametrize(
-  "overrides", [(), ("network_split=time",), WINDOW], ids=["probe", "time", "time bounds"]
+  "overrides, sliced",
+  [((), False), (("network_split=time",), False), (WINDOW, False), ((), True)],
+  ids=["probe", "time", "time bounds", "buckets in slices"],
 )
-def test_beam_direct_runner_builds_the_builtin_store(tmp_path, raw_files, monkeypatch, overrides):
+def test_beam_direct_runner_builds_the_builtin_store(
+  tmp_path, raw_files, monkeypatch, overrides, sliced
+):
   monkeypatch.setattr(partition, "MAX_BUCKET_ROWS", 3_000)  # 7 buckets: a real GroupByKey
   builtin = prepare.prepare(store_config(tmp_path / "a", raw_files, *overrides), progress=False)
+  if sliced:  # Beam's buckets over one sort's rows: cut into slices of 700 rows at most
+    monkeypatch.setattr(partition, "sort_rows", lambda memory_mb: 700)
+    monkeypatch.setattr(partition, "bucket_rows", lambda memory_mb: 700)
+    monkeypatch.setattr(partition, "num_buckets", lambda rows, memory_mb: 7)
   on_beam = prepare.prepare(
     store_config(tmp_path / "b", raw_files, *overrides),
     progress=False,
