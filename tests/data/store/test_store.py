@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from maxtext_netdata.data.prepare import bucket_sort, partition, probes, row_kernels
+from maxtext_netdata.data.prepare import bucket_sort, local_runner, partition, probes, row_kernels
 from maxtext_netdata.data.raw import schema
 from maxtext_netdata.data.store import dst_table, shared_arrays, store
 from maxtext_netdata.errors import DataError
@@ -139,6 +139,31 @@ def _check_records(rows, columns):
   assert len({r[1] for r in expected}) == 5  # the two spellings are one address
   assert bytes(16) in {r[1] for r in expected}
   assert {r[0] for r in expected} == set(key_of.values())
+
+
+def test_a_spill_file_cut_short_is_an_error_naming_it(tmp_path):
+  # A bucket's file read back whole (`read`) or a block at a time (`stream`, the slices'
+  # passes): a record cut in two, or a whole record missing, is an error, not fewer rows.
+  writer = local_runner.SpillWriter(str(tmp_path), 2)
+  columns = raw_columns(*[ROWS[k] for k in ROWS])
+  for _ in range(2):  # two records a bucket
+    batch = partition.batch_chunk(columns, False)
+    writer.add(partition.split_chunks([batch], 2, writer.dst_table))
+  writer.close()
+  bucket = int(np.argmax(writer.rows))
+  path = writer.path(bucket)
+  assert sum(len(c) for c in writer.stream(bucket)) == writer.rows[bucket] >= 2
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    whole = f.read()
+  # Inside the last record; one record of two; every record and 3 bytes of another.
+  for data in (whole[: size - 3], whole[: size // 2], whole + whole[:3]):
+    with open(path, "wb") as f:
+      f.write(data)
+    with pytest.raises(OSError, match=f"{path}: spill file cut short"):
+      list(writer.stream(bucket))
+    with pytest.raises(OSError, match=f"{path}: spill file cut short"):
+      writer.read(bucket)
 
 
 def socket_bytes(version: int, text: str) -> bytes:
