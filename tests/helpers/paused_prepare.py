@@ -5,6 +5,8 @@ The stages wrap the real functions at the boundaries between prepare's steps:
 - `reading`: one input file read and spilled (`partition.read_chunks` exhausted);
 - `partitioned`: every file spilled (`local_runner.spill` returned);
 - `sorted`: the first sorted bucket written into the splits (`assemble.Assembler.add`);
+- `slicing`: with 3 buckets each larger than one sort may hold (5,000 rows), the first
+  bucket's slices spilled and the first of them sorted (`bucket_sort.order_bucket`);
 - `assembled`: every split written, the summary not yet (`prepare._summary` called);
 - `merging`: new files appended to a store, its first split merged (`merge.merge_split`).
 """
@@ -15,9 +17,16 @@ import signal
 import sys
 
 from maxtext_netdata import cli
-from maxtext_netdata.data.prepare import assemble, local_runner, merge, partition, prepare
+from maxtext_netdata.data.prepare import (
+  assemble,
+  bucket_sort,
+  local_runner,
+  merge,
+  partition,
+  prepare,
+)
 
-STAGES = ("reading", "partitioned", "sorted", "assembled", "merging")
+STAGES = ("reading", "partitioned", "sorted", "slicing", "assembled", "merging")
 
 
 def _stop() -> None:
@@ -52,6 +61,10 @@ def _install(stage: str) -> None:
     local_runner.spill = _after_first(local_runner.spill)
   elif stage == "sorted":
     assemble.Assembler.add = _after_first(assemble.Assembler.add)
+  elif stage == "slicing":
+    partition.num_buckets = lambda rows, memory_mb: 3
+    partition.sort_rows = lambda memory_mb: 5_000
+    bucket_sort.order_bucket = _after_first(bucket_sort.order_bucket)
   elif stage == "assembled":
     summary = prepare._summary
 

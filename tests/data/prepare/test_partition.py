@@ -235,7 +235,7 @@ def _wait_stopped(process: subprocess.Popen, timeout: float = 240) -> None:
   raise AssertionError("prepare did not reach its stage")
 
 
-@pytest.mark.parametrize("stage", ["reading", "partitioned", "sorted", "assembled"])
+@pytest.mark.parametrize("stage", ["reading", "partitioned", "sorted", "slicing", "assembled"])
 def test_a_prepare_killed_at_any_stage_leaves_no_store_and_a_rerun_completes(
   tmp_path, raw_files, stage
 ):
@@ -245,6 +245,8 @@ def test_a_prepare_killed_at_any_stage_leaves_no_store_and_a_rerun_completes(
     _wait_stopped(process)
     work = glob.glob(str(tmp_path / ".tmp-*"))
     assert len(work) == 1 and os.listdir(work[0])  # killed with work on disk
+    if stage == "slicing":  # a bucket's slices' files among it
+      assert glob.glob(os.path.join(work[0], ".*-spill", "bucket-*-slices", "bucket-*.bin"))
   finally:
     process.send_signal(signal.SIGKILL)
     process.wait()
