@@ -26,6 +26,11 @@ ACCELERATOR = Sizes(
   # real batch (network_fixed_embed): on the synthetic batch's uniform tokens the scatter-add
   # it replaces costs next to nothing.
   switches=(
+    # The optimizer over one flat vector (optax.flatten) instead of ~180 parameters, each with
+    # a global-norm reduction and an AdamW update of its own: an H200 trace of the step
+    # (tests/bench/fixtures/h200_unrolled_profile_events.json.gz) holds ~350 reduction and
+    # ~200 add kernels a step (~9 ms), which those may be among. Not yet measured.
+    {"optimizer_flatten": True},
     # The latency config's 10 heads of 64 as 5 of 128: the same parameters and FLOPs, for
     # cuDNN's attention kernels nearer the peak at head_dim 128; 1.02-1.03x on the fourth H200
     # run (39.3% MFU at 64). A change of the model: a training comparison first.
@@ -67,6 +72,7 @@ DRY_RUN = Sizes(
     "grain_worker_count=0",
   ),
   switches=(  # no cuDNN on a CPU
+    {"optimizer_flatten": True},
     {"fused_qkv": True, "fused_mlp": True},
     {"attention": "einsum"},
     {"dtype": "bfloat16"},

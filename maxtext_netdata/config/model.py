@@ -374,3 +374,9 @@ class ConfigModel(BaseModel):
   gradient_clipping_threshold: Real = Field(
     1.0, description="global-norm gradient clipping; 0 disables"
   )
+  optimizer_flatten: bool = Field(
+    False,
+    description="the optimizer's update (clipping, AdamW) over one flat vector of every"
+    " parameter (optax.flatten): a few large kernels instead of several per parameter; ours,"
+    " not MaxText's; a checkpoint restores only under the setting it was saved with",
+  )

@@ -93,6 +93,9 @@ def make_optimizer(config: Config) -> tuple[optax.GradientTransformation, optax.
   )
   if config.gradient_clipping_threshold > 0:
     adamw = optax.chain(optax.clip_by_global_norm(config.gradient_clipping_threshold), adamw)
+  if config.optimizer_flatten:
+    # The state is replicated (`Trainer.state_sharding`), so one flat vector loses no sharding.
+    adamw = optax.flatten(adamw)
   return adamw, schedule
 
 

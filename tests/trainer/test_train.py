@@ -381,6 +381,51 @@ def test_a_checkpoint_saved_before_donated_steps_holds_its_own_step(tmp_path):
   )
 
 
+def test_a_flat_optimizer_takes_the_same_steps_and_resumes_exactly(tmp_path):
+  """`optimizer_flatten`: clipping and AdamW over one flat vector of every parameter. Its
+  state is a few vectors instead of several arrays a parameter; after three steps the
+  parameters are those of the per-parameter update to float32 rounding (the global norm
+  sums in another order); a run cut after 2 of 4 steps and resumed has the uninterrupted
+  run's losses, bit for bit."""
+  cfg = _config(tmp_path, "eval_interval=-1", "gradient_clipping_threshold=0.5")
+  mesh = make_mesh(cfg)
+  source = IndexedBatches(cfg, mesh)
+  batches = [next(source) for _ in range(3)]
+  params, states = {}, {}
+  for flat in (False, True):
+    trainer = train.Trainer(cfg.replace(optimizer_flatten=flat), mesh)
+    state = trainer.init_state(jax.random.key(0))
+    first = jax.device_get(state["params"])
+    for batch in batches:
+      state, _ = trainer.train_step(state, batch)
+    params[flat], states[flat] = jax.device_get(state["params"]), state["opt_state"]
+  assert len(jax.tree.leaves(states[True])) < 8 < len(jax.tree.leaves(states[False]))
+  moved = 0
+  for per_parameter, flat, start in zip(
+    *(jax.tree.leaves(p) for p in (params[False], params[True], first)), strict=True
+  ):
+    np.testing.assert_allclose(flat, per_parameter, rtol=2e-5, atol=1e-7)
+    moved += int(not np.array_equal(flat, start))
+  assert moved == len(jax.tree.leaves(first))  # every parameter took the steps
+  losses = {}
+  for run_name, stops in (("whole", (4,)), ("cut", (2, 4))):
+    for steps in stops:
+      summary = _run(
+        _config(
+          tmp_path,
+          f"run_name={run_name}",
+          f"steps={steps}",
+          "checkpoint_period=2",
+          "learning_rate_schedule_steps=4",
+          "eval_interval=-1",
+          "optimizer_flatten=true",
+        )  # fmt: skip
+      )
+    losses[run_name] = _losses(summary)
+  assert summary["steps"] == 2 and losses["cut"] == losses["whole"]  # the log goes on
+  assert sorted(losses["whole"]) == [0, 1, 2, 3]
+
+
 def test_a_new_run_starts_from_another_runs_parameters(tmp_path):
   """`load_parameters_path`: the second run's parameters are the first run's final ones. With
   learning rate 0 its steps leave them as they are, so its checkpoint holds them bit for bit,
