@@ -29,11 +29,15 @@ def digest(description: dict) -> str:
 
 def description(config, eval_files: list[remote.FileEntry]) -> dict:
   """What decides a store's content besides its train files (`content_key` digests it)."""
+  cutoff = config.network_split == "time" and config.network_test_fraction > 0
   return {
     "format_version": store.FORMAT_VERSION,
     "eval_files": [dataclasses.astuple(f) for f in eval_files],
     "hashed_order": local_runner.uses_hashed_order(config),
     **{key: config[key] for key in _CONTENT_KEYS},
+    # The time split's cutoff at numpy's own index (`assemble.time_cutoff`): a store cut at
+    # the index taken before, which differed for some row counts, is not this store.
+    **({"time_cutoff": "numpy-higher"} if cutoff else {}),
   }
 
 
