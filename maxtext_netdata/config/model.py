@@ -377,6 +377,7 @@ class ConfigModel(BaseModel):
   optimizer_flatten: bool = Field(
     False,
     description="the optimizer's update (clipping, AdamW) over one flat vector of every"
-    " parameter (optax.flatten): a few large kernels instead of several per parameter; ours,"
-    " not MaxText's; a checkpoint restores only under the setting it was saved with",
+    " parameter (optax.flatten): its reductions and moments a few large kernels, not several"
+    " a parameter; ours, not MaxText's; a checkpoint restores only under the setting it was"
+    " saved with",
   )
