@@ -155,6 +155,11 @@ def _load(piece: str, name: str) -> np.ndarray:
   return np.load(os.path.join(piece, f"{name}.npy"))
 
 
+def probe_key(version: np.ndarray, src: np.ndarray, i: int) -> tuple[int, bytes]:
+  """The key of probe `i` of probe arrays `version`, `src`: the same key, the same probe."""
+  return int(version[i]), bytes(src[i])
+
+
 def distinct_probes(pieces: list[str]) -> int:
   """Probes in the piece folders `pieces` (in store order): a probe that runs on from one
   piece into the next (a bucket sorted in slices) counts once."""
@@ -162,8 +167,8 @@ def distinct_probes(pieces: list[str]) -> int:
   for path in pieces:
     src, version = _load(path, "probe_src"), _load(path, "probe_version")
     if len(version):
-      total += len(version) - (last == (int(version[0]), bytes(src[0])))
-      last = (int(version[-1]), bytes(src[-1]))
+      total += len(version) - (last == probe_key(version, src, 0))
+      last = probe_key(version, src, -1)
   return total
 
 
@@ -274,8 +279,8 @@ class SplitWriter:
       self.continues = False
       return
     first, last = present[0], present[-1]
-    self.continues = self.last == (int(version[first]), bytes(src[first]))
-    self.last = (int(version[last]), bytes(src[last]))
+    self.continues = self.last == probe_key(version, src, first)
+    self.last = probe_key(version, src, last)
     skip = int(self.continues)
     store.extend_probes(self.sizes, self.piece_sizes, self.continues)
     if len(present) > skip:
