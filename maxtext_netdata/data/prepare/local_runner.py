@@ -290,9 +290,8 @@ class SpillWriter:
       while block := f.read(SPILL_BLOCK):
         data = np.concatenate([rest, np.frombuffer(block, np.uint8)]) if len(rest) else block
         data = np.frombuffer(data, np.uint8)
-        used = partition.whole_records(data)[0]
+        chunk, used = partition.unpack_whole(data, table)
         if used:
-          chunk = partition.read_records([data[:used]], table)
           rows += len(chunk)
           yield chunk
         rest = data[used:]

@@ -185,12 +185,19 @@ def read_records(records: list, dst_table: np.ndarray | None = None) -> Chunk:
   destinations that indexed records were written with."""
   arrays = [np.frombuffer(r, np.uint8) for r in records]
   data = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-  whole, rows, keys, flags = whole_records(data)
-  assert whole == len(data), (whole, len(data))
-  chunk = empty_chunk(rows, keys, bool(flags & row_kernels.HASHED))
-  used, got_rows, got_keys = row_kernels.unpack_records(data, 0, 0, *chunk_arrays(chunk), dst_table)
-  assert (used, got_rows, got_keys) == (len(data), rows, keys), (used, got_rows, got_keys)
+  chunk, used = unpack_whole(data, dst_table)
+  assert used == len(data), (used, len(data))
   return chunk
+
+
+def unpack_whole(data: np.ndarray, dst_table: np.ndarray | None = None) -> tuple[Chunk, int]:
+  """(one chunk of the whole records at the start of `data`, their bytes): a record cut
+  short at its end is left out (`whole_records`)."""
+  whole, rows, keys, flags = whole_records(data)
+  chunk = empty_chunk(rows, keys, bool(flags & row_kernels.HASHED))
+  got = row_kernels.unpack_records(data[:whole], 0, 0, *chunk_arrays(chunk), dst_table)
+  assert tuple(got) == (whole, rows, keys), (tuple(got), whole, rows, keys)
+  return chunk, whole
 
 
 def whole_records(data: np.ndarray) -> tuple[int, int, int, int]:
