@@ -30,9 +30,11 @@ each file's first and last second in the summary): the merge then reads only the
 within a window of time, each probe's one run (`merge._Source`'s window), which are exactly
 the rows of the kept files within the new bounds.
 
-Only a split that follows from each probe alone can be updated: `network_split: probe`, or
-no test split at all (eval files given, or `network_test_fraction: 0`). With
-`network_split: time` the cutoff moves with every new row, so the store is built in full.
+With `network_split: time` and a test share, the cutoff moves with every new row: the new
+files are prepared with no test share, and the base's two splits and the new rows are cut
+again at the cutoff of them all (`merge.merge_time_split`), found by binary searches in each
+probe's rows, none read whole; the base's test rows before the new cutoff join the train
+split as runs after each probe's train rows.
 """
 
 from __future__ import annotations
@@ -68,11 +70,6 @@ class Base:
 def entries(files: list[remote.FileEntry]) -> list[list]:
   """The files as JSON-able [uri, size, mtime_ns] lists, as a store's summary keeps them."""
   return [list(dataclasses.astuple(f)) for f in files]
-
-
-def appendable(config) -> bool:
-  """Whether each probe's split follows from the probe alone (no time cutoff to move)."""
-  return config.network_split == "probe" or config.network_test_fraction == 0
 
 
 def _summaries(prepared_dir: str):

@@ -192,8 +192,7 @@ def time_cutoff(pieces: list[str], fraction: float) -> int:
   n = int(ends[-1])
   if not n:
     return 0  # no rows: no cutoff to find
-  # numpy's index for "higher" (numpy >= 1.22), the same float64 product: ceil((n - 1) q).
-  index = int(min(max(np.ceil((n - 1) * (1.0 - fraction)), 0), n - 1))
+  index = quantile_index(n, fraction)
   at = int(np.searchsorted(ends, index, side="right"))  # the hour of row `index` in time order
   before = int(ends[at - 1]) if at else 0
   start = at * 3600
@@ -209,6 +208,13 @@ def time_cutoff(pieces: list[str], fraction: float) -> int:
       seconds += np.bincount(np.asarray(column[rows]) - start, minlength=3600)
     del column
   return start + int(np.searchsorted(np.cumsum(seconds), index - before, side="right"))
+
+
+def quantile_index(n: int, fraction: float) -> int:
+  """The row, in time order, of `n` rows that the time split's cutoff is the second of: numpy's
+  index for the "higher" quantile 1 - fraction (numpy >= 1.22), the same float64 product,
+  ceil((n - 1) q)."""
+  return int(min(max(np.ceil((n - 1) * (1.0 - fraction)), 0), n - 1))
 
 
 def search_ranges(seconds, lo: np.ndarray, hi: np.ndarray, value, *, right: bool) -> np.ndarray:

@@ -1,7 +1,8 @@
-"""The merge of a store update (`data.prepare.append`): a base split and a delta split (the
-new files, prepared alone) into one split in store order, the base's rows within a window of
-time when files leave it, read with plain reads and written through a memory map of the new
-split's files, memory bounded by batches of at most a bucket's rows.
+"""The merge of a store update (`data.prepare.append`): split folders (a base's and a delta's,
+the new files prepared alone) into one split in store order, each folder's rows within a
+window of time (the base's when files leave it; each side of a time split's cutoff, which is
+found here too), read with plain reads and written through a memory map of the new split's
+files, memory bounded by batches of at most a bucket's rows.
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ from maxtext_netdata.errors import WritesTo
 
 
 def merge_split(
-  base: str, delta: str, out: str, meta: dict, *, batch_rows: int, bar=None, window=None
+  sources: list[tuple[str, tuple | None]], out: str, meta: dict, *, batch_rows: int, bar=None
 ) -> dict:
-  """Write split folder `out` holding the rows of split folders `base` (those within
-  `window`, first and last second, when given) and `delta`, in store order; its counts
-  ({"rows", "probes", "failed"}). Either folder may be absent (no rows)."""
-  sources = [
-    _Source(path, window if path == base else None) for path in (base, delta) if os.path.isdir(path)
-  ]
+  """Write split folder `out` holding the rows of the split folders `sources` gives, each with
+  its window of time (first, last second; None for no bound, or for none at all: every row),
+  in store order; its counts ({"rows", "probes", "failed"}). A folder may be absent (no rows).
+  """
+  sources = [_Source(path, window) for path, window in sources if os.path.isdir(path)]
   try:
     hashed = any(s.hashed for s in sources)
     names = [n for n in store.ROW_ARRAYS if hashed or n != "hashed_order"]
@@ -67,6 +67,78 @@ def merge_split(
   finally:
     for source in sources:
       source.close()
+
+
+def merge_time_split(
+  base: str, delta: str, out: str, meta: dict, *, fraction: float, window, batch_rows: int, bar=None
+) -> tuple[dict, int]:
+  """The train and test split folders under `out` of a time split holding `fraction` of the
+  rows as its test split: the rows of store `base`'s two splits (those within `window`) and of
+  `delta`'s train split (new files prepared with no test share), cut at the cutoff of them
+  all (`time_cutoff`): their counts by split name, and the probes of both (distinct).
+
+  Each output split is a merge of the three sources, each within its window and on its side
+  of the cutoff: a new day moves the cutoff by about a day, so the train split is the base's
+  train split and the base's test rows before the new cutoff (copied as runs: they come after
+  each probe's train rows), and the test split the rest of the base's test rows and the new
+  rows (sorted again only where a probe's new rows fall between its old ones).
+  """
+  paths = [os.path.join(base, "train"), os.path.join(base, "test"), os.path.join(delta, "train")]
+  inputs = [(p, w) for p, w in zip(paths, (window, window, None), strict=True) if os.path.isdir(p)]
+  sources = [_Source(path, w) for path, w in inputs]
+  try:
+    cutoff = time_cutoff(sources, fraction)
+    probes = len(_Union(sources).version)  # a probe may be in both splits: counted once
+  finally:
+    for source in sources:
+      source.close()
+  sides = {"train": (None, cutoff - 1), "test": (cutoff, None)}
+  counts = {}
+  for name, side in sides.items():
+    windows = [(path, _within(w, side)) for path, w in inputs]
+    counts[name] = merge_split(
+      windows, os.path.join(out, name), {**meta, "split": name}, batch_rows=batch_rows, bar=bar
+    )
+  return counts, probes
+
+
+def _within(window, side) -> tuple:
+  """The window of seconds (first, last; None: no bound) within both `window` and `side`."""
+  if window is None:
+    return side
+  lows = [x for x in (window[0], side[0]) if x is not None]
+  highs = [x for x in (window[1], side[1]) if x is not None]
+  return (max(lows) if lows else None, min(highs) if highs else None)
+
+
+def time_cutoff(sources: list[_Source], fraction: float) -> int:
+  """`assemble.time_cutoff` of the sources' rows (each within its window): the second of row
+  `assemble.quantile_index` in time order, found by a binary search on the second itself.
+
+  Each step counts the rows at or before a second by a binary search in each probe's rows
+  (`assemble.search_ranges`), within the rows the steps before left between the bounds: the
+  whole search reads ~log2(rows) + log2(seconds) rows a probe, a few pages, where counting
+  by hour as a build does would read every row's second of a store that may hold a month.
+  """
+  n = sum(int(s.sizes.sum()) for s in sources)
+  if not n:
+    return 0  # no rows: no cutoff to find
+  wanted = assemble.quantile_index(n, fraction) + 1  # rows at or before the cutoff's second
+  low = min(int(s.first.min()) for s in sources if len(s.first))
+  high = max(int(s.last.max()) for s in sources if len(s.last))
+  below = [s.starts.copy() for s in sources]  # each probe's first row at or after `low`
+  above = [s.starts + s.sizes for s in sources]  # and its first row after `high`
+  while low < high:
+    mid = (low + high) // 2
+    at = [
+      assemble.search_ranges(s.seconds, lo, hi, mid, right=True)
+      for s, lo, hi in zip(sources, below, above, strict=True)
+    ]
+    if sum(int((a - s.starts).sum()) for s, a in zip(sources, at, strict=True)) >= wanted:
+      high, above = mid, at
+    else:
+      low, below = mid + 1, at
+  return low
 
 
 def link_split(base: str, out: str, meta: dict) -> dict:
@@ -111,7 +183,7 @@ class _Source:
   base) is still read whole: its files live until closed.
   """
 
-  def __init__(self, path: str, window: tuple[int, int] | None = None):
+  def __init__(self, path: str, window: tuple | None = None):
     split = store.PreparedStore(path)
     self.path = path
     self.hashed = bool(split.meta.get("hashed_order"))
@@ -120,10 +192,11 @@ class _Source:
     keys = probe_hash.probe_keys(np.array(split.probe_version), np.array(split.probe_src))
     if window is not None:
       # A probe's rows are in time order: its rows in the window are one run.
-      self.starts = assemble.search_ranges(
-        split.seconds, self.starts, stops, window[0], right=False
-      )
-      stops = assemble.search_ranges(split.seconds, self.starts, stops, window[1], right=True)
+      first, last = window
+      if first is not None:
+        self.starts = assemble.search_ranges(split.seconds, self.starts, stops, first, right=False)
+      if last is not None:
+        stops = assemble.search_ranges(split.seconds, self.starts, stops, last, right=True)
       present = stops > self.starts
       self.starts, stops, keys = self.starts[present], stops[present], keys[present]
     self.sizes = stops - self.starts
@@ -259,71 +332,76 @@ class _Union:
 
 class _Parts:
   """Each group's rows as three parts in store order: a head, the rows of the source that
-  starts first from before the other source's first second; a tail, the rows of the source
-  that ends last from after the other's last second; and between them the middle, the rows
-  of both sources whose times overlap, the only ones sorted again (`bucket_sort.order_bucket`).
+  starts first from before any other source's first second; a tail, the rows of the source
+  that ends last from after every other's last second; and between them the middle, the rows
+  of all sources whose times overlap, the only ones sorted again (`bucket_sort.order_bucket`).
   A day appended whose late results fall in the base's last day sorts about a day of rows
   per probe, not the probe's whole window; a probe in one source, or whose sources do not
   interleave, is a head alone.
 
-  `head` and `tail` are [G, 3] (source, first row, rows); `middle` [G, 2, 2] (first row, rows)
-  in each source; `has_middle` [G] whether a group has middle rows.
+  `head` and `tail` are [G, 3] (source, first row, rows); `middle` [G, S, 2] (first row, rows)
+  in each of the S sources; `has_middle` [G] whether a group has middle rows.
   """
 
   def __init__(self, union: _Union, lo: int, hi: int):
-    assert len(union.sources) <= 2, "a merge has a base and a delta"
     self.union, self.lo = union, lo
     groups = hi - lo
     index, rows = union.index[lo:hi], union.rows[lo:hi]
     self.head = np.zeros((groups, 3), np.int64)
     self.tail = np.zeros((groups, 3), np.int64)
-    self.middle = np.zeros((groups, 2, 2), np.int64)
+    self.middle = np.zeros((groups, len(union.sources), 2), np.int64)
     one = (index >= 0).sum(axis=1) == 1
     for i, source in enumerate(union.sources):
       alone = one & (index[:, i] >= 0)
       self.head[alone] = np.stack(
         [np.full(alone.sum(), i), source.starts[index[alone, i]], rows[alone, i]], axis=1
       )
-    both = np.flatnonzero(~one)
-    if len(both):
-      self._split(both, union.by_time[lo:hi][both, 0], index, rows, lo)
+    many = np.flatnonzero(~one)
+    if len(many):
+      self._split(many, index[many], rows[many])
     self.has_middle = self.middle[:, :, 1].sum(axis=1) > 0
 
-  def _split(self, both, early, index, rows, lo):
-    """Head, middle and tail of the groups `both` (in both sources), `early` the source that
-    starts first in each."""
+  def _split(self, many, index, rows):
+    """Head, middle and tail of the groups `many` (in two sources or more); `index` and
+    `rows` theirs ([M, S]: -1 and 0 where a source does not hold the group)."""
     union = self.union
-    g = both + lo
-    starts = np.stack(
-      [s.starts[np.maximum(index[both, i], 0)] for i, s in enumerate(union.sources)], axis=1
-    )
-    stops = starts + rows[both]
-    late = 1 - early
-    late_ends = union.last[g, late] >= union.last[g, early]  # the late source ends last too
-    ender = np.where(late_ends, late, early)
-    # Head: the early source's rows before the late one's first second.
-    head_end = np.empty(len(both), np.int64)
-    tail_start = np.empty(len(both), np.int64)
+    g = many + self.lo
+    k = np.arange(len(many))
+    starts = np.zeros(index.shape, np.int64)  # 0 where a source does not hold the group
     for i, source in enumerate(union.sources):
+      there = index[:, i] >= 0
+      starts[there, i] = source.starts[index[there, i]]
+    stops = starts + rows
+    by_time = union.by_time[g]  # sources by first second, absent ones last
+    early = by_time[:, 0]
+    next_first = union.first[g, by_time[:, 1]]  # the first second of any other source
+    last = union.last[g]  # absent: int64's least
+    ender = np.argmax(last, axis=1)  # the source that ends last
+    others = last.copy()
+    others[k, ender] = np.iinfo(np.int64).min
+    others_last = others.max(axis=1)  # the last second of any other source
+    head_end = np.empty(len(many), np.int64)
+    tail_start = np.empty(len(many), np.int64)
+    for i, source in enumerate(union.sources):
+      # Head: the early source's rows before any other's first second.
       mine = early == i
       head_end[mine] = assemble.search_ranges(
-        source.seconds, starts[mine, i], stops[mine, i], union.first[g[mine], 1 - i], right=False
+        source.seconds, starts[mine, i], stops[mine, i], next_first[mine], right=False
       )
-      # Tail: the last-ending source's rows after the other's last second.
+      # Tail: the last-ending source's rows after every other's last second.
       mine = ender == i
       tail_start[mine] = assemble.search_ranges(
-        source.seconds, starts[mine, i], stops[mine, i], union.last[g[mine], 1 - i], right=True
+        source.seconds, starts[mine, i], stops[mine, i], others_last[mine], right=True
       )
-    k = np.arange(len(both))
-    self.head[both] = np.stack([early, starts[k, early], head_end - starts[k, early]], axis=1)
-    self.tail[both] = np.stack([ender, tail_start, stops[k, ender] - tail_start], axis=1)
+    self.head[many] = np.stack([early, starts[k, early], head_end - starts[k, early]], axis=1)
+    self.tail[many] = np.stack([ender, tail_start, stops[k, ender] - tail_start], axis=1)
     # Middle: the rest of each source, between its head (early source) and tail (ender).
     first = starts.copy()
     first[k, early] = head_end
-    last = stops.copy()
-    last[k, ender] = np.minimum(last[k, ender], tail_start)
-    self.middle[both, :, 0] = first
-    self.middle[both, :, 1] = np.maximum(last - first, 0)
+    end = stops.copy()
+    end[k, ender] = np.minimum(end[k, ender], tail_start)
+    self.middle[many, :, 0] = first
+    self.middle[many, :, 1] = np.maximum(end - first, 0)
 
   def middle_chunks(self, names: list[str]) -> list[partition.Chunk]:
     """The middle rows as one `partition.Chunk` per source."""

@@ -139,12 +139,12 @@ def _prepare(
         copied_from = shared_root
       else:
         base, key = None, content_key(config, eval_files)
-        bounds, appendable = local_runner.time_bounds(config), append.appendable(config)
+        bounds = local_runner.time_bounds(config)
         summary = None if force else upgrade.upgrade(
           local_dir, tmp, naming.description(config, eval_files), train_files, bounds,
-          bases=appendable, progress=progress,
+          progress=progress,
         )  # fmt: skip
-        if summary is None and not force and appendable:
+        if summary is None and not force:
           base = append.find_base(local_dir, key, train_files, bounds)
           why = "" if base else append.no_base_reason(local_dir, key, train_files, bounds)
           if why and progress:
@@ -281,10 +281,14 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
   meta = {"fingerprint": fp, "source_files": [f.uri for f in train_files]}
   names = assemble.split_names(config.network_split)
   report, new_rows = reader.ReadReport(), 0
+  # A time split's cutoff is that of all rows, old and new: the new files are prepared with
+  # no test share, and cut with the base's rows at the new cutoff in the merge.
+  cut = config.network_split == "time" and config.network_test_fraction > 0
   if base.new_files:
     new_counts, report, _ = _build_group(
-      config, options, base.new_files, work=delta, name="train", split=config.network_split,
-      meta=meta, progress=progress, runner=runner, allow_empty=True,
+      config.replace(network_test_fraction=0) if cut else config, options, base.new_files,
+      work=delta, name="train", split=config.network_split, meta=meta, progress=progress,
+      runner=runner, allow_empty=True,
     )  # fmt: skip
     new_rows = sum(new_counts[n]["rows"] for n in names)
   merge_start = time.perf_counter()
@@ -293,20 +297,26 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
   removed_rows = sum(r.rows_read - r.skipped.total for r in removed)
   rows = sum(old["splits"][n]["rows"] for n in names) + new_rows - removed_rows
   batch_rows = partition.bucket_rows(config.network_prepare_memory_mb)
-  counts = {}
+  counts, probes = {}, None
   with merge.merge_bar(rows, progress) as bar:
-    for name in names:
-      counts[name] = merge.merge_split(
-        os.path.join(base.root, name), os.path.join(delta, name), os.path.join(tmp, name),
-        {**meta, "split": name}, batch_rows=batch_rows, bar=bar, window=base.window,
+    if cut:
+      counts, probes = merge.merge_time_split(
+        base.root, delta, tmp, meta, fraction=config.network_test_fraction, window=base.window,
+        batch_rows=batch_rows, bar=bar,
       )  # fmt: skip
+    for name in () if cut else names:
+      sources = [(os.path.join(base.root, name), base.window), (os.path.join(delta, name), None)]
+      counts[name] = merge.merge_split(
+        sources, os.path.join(tmp, name), {**meta, "split": name}, batch_rows=batch_rows, bar=bar
+      )
   shutil.rmtree(delta, ignore_errors=True)
   if eval_files:
     eval_meta = {"fingerprint": fp, "source_files": [f.uri for f in eval_files], "split": "eval"}
     counts["eval"] = merge.link_split(
       os.path.join(base.root, "eval"), os.path.join(tmp, "eval"), eval_meta
     )
-  probes = sum(counts[n]["probes"] for n in names)
+  if probes is None:  # each probe is in one split
+    probes = sum(counts[n]["probes"] for n in names)
   file_reports = []  # kept only when every file's is known (not for a base without them)
   for f in train_files:
     known = report.files.get(f.uri)

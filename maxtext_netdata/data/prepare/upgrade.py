@@ -49,22 +49,20 @@ def upgrade(
   train_files: list[remote.FileEntry],
   bounds: tuple,
   *,
-  bases: bool,
   progress: bool,
 ) -> dict | None:
   """The format-3 store in `prepared_dir` of the current content (`content`: the
   description `naming.description` gives, of format 4), files and time `bounds`, converted
   into the folder `out`: its summary (`out` holds all but the summary's file). Failing
-  such a store, and with `bases` (a store can be appended to), the one `append.find_base`
-  would take is converted into the format-4 store of its own files, beside it; None.
-  None too for a store holding a time that format 4 does not keep (said on stderr).
+  such a store, the one `append.find_base` would take is converted into the format-4 store
+  of its own files, beside it; None. None too for a store holding a time that format 4 does not keep (said on stderr).
   """
   former_key = naming.digest({**content, "format_version": FORMER})
   current = {tuple(e) for e in append.entries(train_files)}
   for root, held, summary in append.stores(prepared_dir, former_key, FORMER):
     if held == current and append.bounds_of(summary) == tuple(bounds):
       return _converted(root, summary, out, content, progress)
-  base = bases and append.find_base(prepared_dir, former_key, train_files, bounds, version=FORMER)
+  base = append.find_base(prepared_dir, former_key, train_files, bounds, version=FORMER)
   if not base:
     return None
   entries, base_bounds = base.summary["train_file_entries"], append.bounds_of(base.summary)

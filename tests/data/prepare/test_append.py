@@ -56,6 +56,7 @@ def assert_same_store(appended, full):
     assert appended.summary[key] == full.summary[key], key
 
 
+TIME_SPLIT = ["network_split=time", "network_test_fraction=0.2"]
 CASES = {
   # base files, new files: the new rows of each probe after, before and between its old ones
   "a new day": ([0, 1, 2], [3], []),
@@ -69,6 +70,12 @@ CASES = {
     [2],
     ["network_field_order=hashed", "network_split=time"],
   ),
+  # A time split with a test share: the cutoff moves with the new rows, forwards (a new day),
+  # backwards (an earlier day) or both ways across the base's days (days between).
+  "a new day, time split": ([0, 1, 2], [3], TIME_SPLIT),
+  "an earlier day, time split": ([1, 2, 3], [0], TIME_SPLIT),
+  "days between, time split": ([0, 2], [1, 3], TIME_SPLIT),
+  "hashed order, a new day, time split": ([0, 1], [2], [*TIME_SPLIT, "network_field_order=hashed"]),
 }
 
 
