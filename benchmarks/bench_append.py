@@ -2,6 +2,7 @@
 against full builds of the same files.
 
     python benchmarks/bench_append.py [--rows 8000000] [--days 8] [--data DIR] [--keep DIR]
+        [--split probe|time] [--test-fraction 0.1]
 
 Generates `--rows` raw rows as `--days` time-ordered files (reused from `--data` when already
 there), prepares all but the last, then, each in a fresh process (so that its peak RSS is its
@@ -10,11 +11,15 @@ from that store), the last day appended to that store, and both file sets prepar
 Prints each command's wall time and peak RSS, the updates' split into reading the new day and
 merging, the merge's speed in rows/s and MB/s of store written, and, as the floor for a merge
 that writes the whole store again, a plain copy of the base store's files in the same run.
+"same store" compares every file of the updated store with the full build's, byte for byte.
+With `--split time` each store holds the latest `--test-fraction` of the rows as its test
+split, whose cutoff each update moves.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -53,7 +58,24 @@ def _store_bytes(root: str) -> int:
   )
 
 
-def _late_window(files: list[str], work: str, share: float) -> None:
+def _same(a: dict, b: dict) -> str:
+  """Whether two prepared stores hold the same files, byte for byte (their summaries, which
+  hold times and paths, aside), and their fingerprint."""
+  return f"{_digest(a['path']) == _digest(b['path'])} (fingerprint {b['fingerprint']})"
+
+
+def _digest(root: str) -> dict:
+  out = {}
+  for folder, _, names in os.walk(root):
+    for name in names:
+      path = os.path.join(folder, name)
+      if path != os.path.join(root, "meta.json"):
+        with open(path, "rb") as f:
+          out[os.path.relpath(path, root)] = hashlib.file_digest(f, "blake2b").hexdigest()
+  return out
+
+
+def _late_window(files: list[str], work: str, share: float, split: list[str]) -> None:
   """The window rolled by a day over days with late results, by `network_since`."""
   import pyarrow as pa  # noqa: PLC0415
   import pyarrow.parquet as pq  # noqa: PLC0415
@@ -69,11 +91,13 @@ def _late_window(files: list[str], work: str, share: float) -> None:
     pq.write_table(table, late[-1])
     before = pq.read_table(path)
   mib = 2**20
-  _prepare(late[:-1], os.path.join(work, "late_inc"), f"network_since={starts[0]}")
+  _prepare(late[:-1], os.path.join(work, "late_inc"), f"network_since={starts[0]}", *split)
   rolled, rolled_s = _prepare(
-    late[1:], os.path.join(work, "late_inc"), f"network_since={starts[1]}"
+    late[1:], os.path.join(work, "late_inc"), f"network_since={starts[1]}", *split
   )
-  full, full_s = _prepare(late[1:], os.path.join(work, "late_full"), f"network_since={starts[1]}")
+  full, full_s = _prepare(
+    late[1:], os.path.join(work, "late_full"), f"network_since={starts[1]}", *split
+  )
   removed = rolled["removed"]
   print(
     f"late results    {share:.0%} of each day's rows filed under the next day; the window rolled"
@@ -90,8 +114,7 @@ def _late_window(files: list[str], work: str, share: float) -> None:
     f" peak RSS {full['peak_rss_bytes'] / mib:,.0f} MiB"
   )
   print(f"full / rolled   {full['seconds'] / rolled['seconds']:.2f}x (time in prepare)")
-  same = rolled["fingerprint"] == full["fingerprint"]
-  print(f"same store      {same} (fingerprint {full['fingerprint']})")
+  print(f"same store      {_same(rolled, full)}")
 
 
 def main() -> None:
@@ -107,7 +130,10 @@ def main() -> None:
     help="then each day after the first with this share of the day before's rows as late"
     " results, as RIPE's dumps have them, and the window rolled by network_since (0: not run)",
   )
+  parser.add_argument("--split", choices=("probe", "time"), default="probe")
+  parser.add_argument("--test-fraction", type=float, default=0.1)
   args = parser.parse_args()
+  split = [f"network_split={args.split}", f"network_test_fraction={args.test_fraction}"]
   from maxtext_netdata.data.synthetic.generate import generate  # noqa: PLC0415
 
   work = args.keep or tempfile.mkdtemp(prefix="bench_append_")
@@ -118,11 +144,11 @@ def main() -> None:
   else:
     files = generate(data, rows=args.rows, shards=args.days, seed=0, progress=True)
   try:
-    base, _ = _prepare(files[:-1], os.path.join(work, "inc"))
-    rolled, rolled_s = _prepare(files[1:], os.path.join(work, "inc"))
-    appended, append_s = _prepare(files, os.path.join(work, "inc"))
-    full, full_s = _prepare(files, os.path.join(work, "full"))
-    full_rolled, full_rolled_s = _prepare(files[1:], os.path.join(work, "full_rolled"))
+    base, _ = _prepare(files[:-1], os.path.join(work, "inc"), *split)
+    rolled, rolled_s = _prepare(files[1:], os.path.join(work, "inc"), *split)
+    appended, append_s = _prepare(files, os.path.join(work, "inc"), *split)
+    full, full_s = _prepare(files, os.path.join(work, "full"), *split)
+    full_rolled, full_rolled_s = _prepare(files[1:], os.path.join(work, "full_rolled"), *split)
     copy_dir = os.path.join(work, "copy")
     start = time.perf_counter()
     shutil.copytree(base["path"], copy_dir)
@@ -151,8 +177,7 @@ def main() -> None:
     copy_rate = base_mb / max(copy_s, 1e-9)
     print(f"copy of base    {copy_rate:,.0f} MB/s ({base_mb:,.0f} MB in {copy_s:.2f} s)")
     print(f"full / append   {full['seconds'] / appended['seconds']:.2f}x (time in prepare)")
-    same = appended["fingerprint"] == full["fingerprint"]
-    print(f"same store      {same} (fingerprint {full['fingerprint']})")
+    print(f"same store      {_same(appended, full)}")
     removed = rolled["removed"]
     print(
       f"window rolled   {rolled_s:.2f} s ({rolled['seconds']:.2f} s in prepare: the new day"
@@ -166,10 +191,9 @@ def main() -> None:
     )
     ratio = full_rolled["seconds"] / rolled["seconds"]
     print(f"full / rolled   {ratio:.2f}x (time in prepare)")
-    same = rolled["fingerprint"] == full_rolled["fingerprint"]
-    print(f"same store      {same} (fingerprint {full_rolled['fingerprint']})")
+    print(f"same store      {_same(rolled, full_rolled)}")
     if args.late > 0:
-      _late_window(files, work, args.late)
+      _late_window(files, work, args.late, split)
   finally:
     if not args.keep:
       shutil.rmtree(work, ignore_errors=True)

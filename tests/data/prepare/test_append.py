@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from maxtext_netdata import cli, config
-from maxtext_netdata.data.prepare import prepare, summary_text
+from maxtext_netdata.data.prepare import merge, prepare, summary_text
 from maxtext_netdata.errors import ConfigError, DataError
 from tests.data.prepare.test_partition import _prepare_process, _wait_stopped
 from tests.data.prepare.test_prepare import good_table, make_config, with_column
@@ -133,6 +133,7 @@ WINDOWS = {
   "two days leave, a new day comes": ([0, 1, 2], [2, 3]),
   "the newest day leaves": ([0, 1, 2], [0, 1]),
   "eval files, time split: a day leaves, one comes": ([0, 1], [1, 2]),
+  "time split: the oldest day leaves, a new day comes": ([0, 1, 2], [1, 2, 3]),
 }
 
 
@@ -142,6 +143,8 @@ def test_files_no_longer_listed_leave_the_store_a_full_build_gives(tmp_path, day
   overrides = [SMALL, "network_field_order=hashed"] if "two" in case else [SMALL]
   if "eval" in case:
     overrides += [f"grain_eval_files={days[3]}", "network_split=time"]
+  elif "time split" in case:
+    overrides += TIME_SPLIT
   base = prepare.prepare(make_config(tmp_path / "inc", before, *overrides), progress=False)
   rolled = prepare.prepare(make_config(tmp_path / "inc", after, *overrides), progress=False)
   full = prepare.prepare(make_config(tmp_path / "full", after, *overrides), progress=False)
@@ -240,9 +243,6 @@ def test_a_store_is_built_in_full_when_it_cannot_be_appended_to(tmp_path, days):
     cfg = make_config(prep, files, *overrides)
     return "appended" not in prepare.prepare(cfg, progress=False, force=force).summary
 
-  # The time split's cutoff moves with every new row: every row of the test split may change.
-  time_split = ("network_split=time", "network_test_fraction=0.2")
-  assert built(files[:3], *time_split) and built(files, *time_split)
   # Another test fraction, or bad rows dropped instead of refused: another content.
   assert built(files[:3]) and built(files, "network_test_fraction=0.25")
   assert built(files, "network_skip_bad_rows=true")
@@ -382,6 +382,32 @@ def day_start(path) -> str:
   """The first time of a day's file (before any late result is added), ISO 8601."""
   times = pq.read_table(path, columns=["event_time"])["event_time"].to_numpy()
   return str(times.min().astype("datetime64[s]"))
+
+
+def test_a_time_split_appended_with_late_results_sorts_only_the_day_they_fall_in(
+  tmp_path, days, late_days, monkeypatch
+):
+  inc = tmp_path / "inc"
+  prepare.prepare(make_config(inc, late_days[:3], SMALL, *TIME_SPLIT), progress=False)
+  middle_rows = []
+  middle_chunks = merge._Parts.middle_chunks
+
+  def counted(self, names):
+    chunks = middle_chunks(self, names)
+    middle_rows.append(sum(len(c.probe) for c in chunks))
+    return chunks
+
+  monkeypatch.setattr(merge._Parts, "middle_chunks", counted)
+  appended = prepare.prepare(make_config(inc, late_days, SMALL, *TIME_SPLIT), progress=False)
+  monkeypatch.undo()
+  full = prepare.prepare(
+    make_config(tmp_path / "full", late_days, SMALL, *TIME_SPLIT), progress=False
+  )
+  assert_same_store(appended, full)
+  # The new day's late results fall in the base's last day: the rows sorted again are at
+  # most that day's and the late ones, not the new day's own or a probe's whole window.
+  late = valid_rows(days[2]) // 50
+  assert late <= sum(middle_rows) <= valid_rows(days[2]) + late
 
 
 def test_time_bounds_roll_a_window_whose_days_hold_late_results(tmp_path, days, late_days, capsys):
