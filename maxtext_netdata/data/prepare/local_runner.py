@@ -44,14 +44,15 @@ def time_bounds(config) -> tuple[int | None, int | None]:
   return since, until
 
 
+def utc(seconds: int | None) -> str:
+  """Unix seconds as "2025-07-02 00:00:00" (UTC); "..." for None (no bound)."""
+  if seconds is None:
+    return "..."
+  return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def span_text(bounds) -> str:
   """`time_bounds` as text: "2025-07-02 00:00:00 to 2025-07-09 00:00:00 UTC"."""
-
-  def utc(seconds: int | None) -> str:
-    if seconds is None:
-      return "..."
-    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
-
   since, until = bounds
   if since is None and until is None:
     return "no time bounds"

@@ -253,7 +253,7 @@ def _build(config, options, train_files, eval_files, tmp, fp, progress, runner) 
   file_reports = [report.files[f.uri].to_json() for f in train_files]
   return _summary(
     config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start,
-    file_reports,
+    file_reports, tmp,
   )  # fmt: skip
 
 
@@ -327,7 +327,7 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
     file_reports.append(known)
   summary = _summary(
     config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start,
-    file_reports,
+    file_reports, tmp,
   )  # fmt: skip
   # The counts are the whole store's, its speed this run's: new rows read, and the merge.
   summary["rows_read"] += old["rows_read"] - sum(r.rows_read for r in removed)
@@ -357,11 +357,14 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
 
 def _summary(
   config, fp, train_files, eval_files, counts, report, probes, start, cpu_start, rss_start,
-  file_reports,
+  file_reports, root,
 ) -> dict:  # fmt: skip
   seconds = time.perf_counter() - start
   cpu = max(_cpu_seconds() - cpu_start, 1e-9)
   peak = peak_rss_bytes()
+  for name, split in counts.items():  # each split's first and last second (the time split's
+    # test split starts at its cutoff)
+    split["span"] = store.time_span(store.PreparedStore(os.path.join(root, name)))
   total = counts["train"]["rows"] + counts["test"]["rows"]
   failed = counts["train"]["failed"] + counts["test"]["failed"]
   return {

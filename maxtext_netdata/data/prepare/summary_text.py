@@ -18,7 +18,10 @@ def format_summary(summary: dict) -> str:
   ]
   for name in ("train", "test", "eval"):
     if name in splits:
-      lines.append(f"{name:<9} {splits[name]['rows']:,} rows, {splits[name]['probes']:,} probes")
+      split = splits[name]
+      span = split.get("span")  # absent from summaries written before stores kept it
+      times = f", {local_runner.utc(span[0])} to {local_runner.utc(span[1])} UTC" if span else ""
+      lines.append(f"{name:<9} {split['rows']:,} rows, {split['probes']:,} probes{times}")
   since, until = summary.get("time_bounds") or (None, None)
   if since is not None or until is not None:
     outside = (

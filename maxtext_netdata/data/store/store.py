@@ -320,6 +320,15 @@ def probe_counts(split, chunk_rows: int = 1 << 24) -> tuple[np.ndarray, np.ndarr
   return np.diff(failed_cum), np.diff(gap_cum)
 
 
+def time_span(split) -> list[int] | None:
+  """[first, last] second of the rows of `split` (a `PreparedStore`), None when it has none:
+  each probe's first and last row, as its rows are in time order (a few pages a probe)."""
+  offsets = np.asarray(split.probe_offsets)
+  if not len(offsets) or offsets[-1] == 0:
+    return None
+  return [int(split.seconds[offsets[:-1]].min()), int(split.seconds[offsets[1:] - 1].max())]
+
+
 def failed_of(rtt_bytes: np.ndarray) -> np.ndarray:
   """bool [n]: the rows whose RTT payload (uint8 [n, 2]) is 0, 0: failed pings."""
   return ~np.asarray(rtt_bytes).any(axis=1)

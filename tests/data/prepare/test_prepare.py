@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from maxtext_netdata import cli, config
-from maxtext_netdata.data.prepare import prepare, summary_text
+from maxtext_netdata.data.prepare import local_runner, prepare, summary_text
 from maxtext_netdata.data.raw import addresses, schema
 from maxtext_netdata.data.ripe.scanner import kernel as scanner_kernel
 from maxtext_netdata.data.store import store
@@ -160,6 +160,19 @@ def test_time_split_holds_out_the_latest_rows(tmp_path, raw_files):
   assert splits.train.seconds.max() < splits.eval.seconds.min()
   share = splits.eval.num_rows / (splits.train.num_rows + splits.eval.num_rows)
   assert 0.19 < share < 0.25
+  # The summary gives each split's first and last second: the test split's first, the cutoff.
+  seconds = np.concatenate([splits.train.seconds, splits.eval.seconds])
+  cutoff = int(np.quantile(seconds, 0.8, method="higher"))
+  spans = {name: splits.summary["splits"][name]["span"] for name in ("train", "test")}
+  assert spans == {
+    "train": [int(splits.train.seconds.min()), int(splits.train.seconds.max())],
+    "test": [cutoff, int(seconds.max())],
+  }
+  text = summary_text.format_summary(splits.summary)
+  assert f"test      {splits.eval.num_rows:,} rows" in text
+  assert (
+    f" probes, {local_runner.utc(cutoff)} to {local_runner.utc(int(seconds.max()))} UTC" in text
+  )
 
 
 def test_eval_files_become_the_eval_split(tmp_path, raw_files):
