@@ -64,6 +64,25 @@ def test_beam_direct_runner_builds_the_builtin_store(
   assert os.listdir(tmp_path / "b") == [os.path.basename(on_beam.summary["path"])]
 
 
+def test_a_day_prepared_on_beam_is_appended_to_a_time_split_store(tmp_path, raw_files):
+  """The new files prepared on Beam with no test share, then cut with the base's rows at
+  the cutoff of them all: the built-in full build's store (docs/prepare.md, "New files")."""
+  split = ("network_split=time", "network_test_fraction=0.2")
+  prepare.prepare(store_config(tmp_path / "inc", raw_files[:2], *split), progress=False)
+  appended = prepare.prepare(
+    store_config(tmp_path / "inc", raw_files, *split),
+    progress=False,
+    runner=beam_runner.runner(["--runner=DirectRunner", "--direct_num_workers=1"]),
+  )
+  assert appended.summary["appended"]["new_files"] == 1
+  full = prepare.prepare(store_config(tmp_path / "full", raw_files, *split), progress=False)
+  a, b = store_files(appended.summary["path"]), store_files(full.summary["path"])
+  assert a.keys() == b.keys() and "test/seconds.npy" in a
+  for name in a:
+    assert a[name] == b[name], name
+  assert appended.summary["splits"] == full.summary["splits"]
+
+
 def test_cli_runs_beam_with_pipeline_options_after_the_separator(tmp_path, raw_files, capsys):
   code = cli.main(
     [
