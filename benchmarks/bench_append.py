@@ -19,7 +19,7 @@ split, whose cutoff each update moves.
 from __future__ import annotations
 
 import argparse
-import hashlib
+import filecmp
 import json
 import os
 import shutil
@@ -61,18 +61,18 @@ def _store_bytes(root: str) -> int:
 def _same(a: dict, b: dict) -> str:
   """Whether two prepared stores hold the same files, byte for byte (their summaries, which
   hold times and paths, aside), and their fingerprint."""
-  return f"{_digest(a['path']) == _digest(b['path'])} (fingerprint {b['fingerprint']})"
+  names = [_files(a["path"]), _files(b["path"])]
+  same = names[0] == names[1] and all(
+    filecmp.cmp(os.path.join(a["path"], n), os.path.join(b["path"], n), shallow=False)
+    for n in names[0]
+  )
+  return f"{same} (fingerprint {b['fingerprint']})"
 
 
-def _digest(root: str) -> dict:
-  out = {}
-  for folder, _, names in os.walk(root):
-    for name in names:
-      path = os.path.join(folder, name)
-      if path != os.path.join(root, "meta.json"):
-        with open(path, "rb") as f:
-          out[os.path.relpath(path, root)] = hashlib.file_digest(f, "blake2b").hexdigest()
-  return out
+def _files(root: str) -> list[str]:
+  """A store's files but its summary, relative to `root`."""
+  paths = (os.path.join(folder, n) for folder, _, names in os.walk(root) for n in names)
+  return sorted(os.path.relpath(p, root) for p in paths if p != os.path.join(root, "meta.json"))
 
 
 def _late_window(files: list[str], work: str, share: float, split: list[str]) -> None:
