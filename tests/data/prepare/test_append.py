@@ -285,6 +285,19 @@ def test_a_bad_new_file_is_an_error_and_the_store_stays(tmp_path, days):
   assert_same_store(rolled, full)
 
 
+def test_a_base_whose_destination_index_is_past_its_table_is_an_error(tmp_path, days):
+  prep = tmp_path / "prep"
+  base = prepare.prepare(make_config(prep, days[:3]), progress=False)
+  index = np.load(os.path.join(base.summary["path"], "train", "dst_index.npy"), mmap_mode="r+")
+  index[len(index) // 2] = 1_000_000  # past its table (a damaged file)
+  index.flush()
+  del index
+  folder = os.path.join(base.summary["path"], "train")
+  with pytest.raises(DataError, match=f"^{folder}: a destination index past its table of "):
+    prepare.prepare(make_config(prep, days), progress=False)
+  assert sorted(os.listdir(prep)) == [os.path.basename(base.summary["path"])]  # no temporary
+
+
 def test_cli_says_what_it_appended_removed_and_pruned(tmp_path, days, capsys):
   def run(*files) -> tuple[dict, str]:
     files = f"grain_train_files={','.join(files)}"
