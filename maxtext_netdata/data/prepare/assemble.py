@@ -315,9 +315,10 @@ class SplitWriter:
     for array, table, source in parts:
       n = len(array)
       if n:
-        out[at : at + n] = (
-          self.dst.encode(array) if table is None else self.dst.encode_from(array, table, source)
-        )
+        if table is None:
+          out[at : at + n] = self.dst.encode(array)
+        else:
+          self.dst.encode_from(array, table, source, out=out[at : at + n])
         at += n
     self.written["dst"] += rows
     del out
