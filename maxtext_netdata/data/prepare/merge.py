@@ -55,8 +55,11 @@ def merge_split(
           sizes[parts.has_middle] += middle
           writer.add_probes(sizes, union.src[lo:hi], union.version[lo:hi])
           for name in names:
-            # Destinations as 16-byte addresses here: each group is a head, a middle and a
-            # tail of its own, and mapping each part's indices cost more than decoding.
+            if name == "dst":
+              part = parts.dst_indices(merged, tables, int(sizes.sum()))
+              writer.add_dst([part])
+              writer.dst.forget(part[2])  # this batch's table alone
+              continue
             fill = functools.partial(parts.fill, merged, name)
             writer.add_rows(name, int(sizes.sum()), fill)
           del merged
@@ -293,18 +296,21 @@ class _Tables:
     that source's folder."""
     out, at = np.empty(rows, dst_table.INDEX_DTYPE), 0
     for i, start, n in segments:
-      part = out[at : at + n]
-      source = self.sources[i]
-      source.read_into_index(start, part)
-      if n and int(part.max()) >= len(source.dst_table):
-        raise DataError(
-          f"{source.path}: a destination index past its table of {len(source.dst_table)};"
-          " prepare it again"
-        )
-      part += dst_table.INDEX_DTYPE(self.offsets[i])
+      self.read(i, start, out[at : at + n])
       at += n
     assert at == rows, (at, rows)
     return out, self.table, "the merged splits' tables"
+
+  def read(self, i: int, start: int, out: np.ndarray) -> None:
+    """Source `i`'s rows [start, start + len(out))'s destinations as indices into `table`."""
+    source = self.sources[i]
+    source.read_into_index(start, out)
+    if len(out) and int(out.max()) >= len(source.dst_table):
+      raise DataError(
+        f"{source.path}: a destination index past its table of {len(source.dst_table)};"
+        " prepare it again"
+      )
+    out += dst_table.INDEX_DTYPE(self.offsets[i])
 
 
 class _Union:
@@ -453,14 +459,35 @@ class _Parts:
 
   def fill(self, merged: bucket_sort.SortedBucket, name: str, out: np.ndarray) -> None:
     """Column `name` of the groups in store order into `out`: head, middle, tail of each."""
-    middle = merged.column(name)
-    offsets = merged.probe_offsets
-    sources, at, k = self.union.sources, 0, 0
+    sources = self.union.sources
+    read = lambda i, start, part: sources[i].read_into(name, start, part)  # noqa: E731
+    self._walk(merged.probe_offsets, merged.column(name), read, out)
+
+  def dst_indices(self, merged: bucket_sort.SortedBucket, tables: _Tables, rows: int) -> tuple:
+    """The groups' destinations as one part of `SplitWriter.add_dst`: the heads' and tails'
+    as indices into the sources' joined table (`_Tables`), the middle's sorted addresses
+    appended to that table for this batch, an entry a row. Decoding every row to 16 bytes
+    and hashing it again, as the middle's must be, cost ~30 ns a row where a merge whose
+    probes have late results (every batch, with RIPE's dumps) spends ~3 on the others."""
+    middle = merged.column("dst")
+    first = len(tables.table)
+    if first + len(middle) >= 2**32:
+      raise DataError("the merged stores' destination tables exceed 2^32 entries")
+    out = np.empty(rows, dst_table.INDEX_DTYPE)
+    entries = np.arange(first, first + len(middle), dtype=dst_table.INDEX_DTYPE)
+    self._walk(merged.probe_offsets, entries, tables.read, out)
+    table = np.concatenate([tables.table, middle])
+    return out, table, f"the merged splits' tables and batch {self.lo}'s sorted rows"
+
+  def _walk(self, offsets, middle: np.ndarray, read, out: np.ndarray) -> None:
+    """Each group's head (`read(source, first row, out)`), middle (its rows of `middle`, by
+    `offsets`) and tail into `out`, in store order."""
+    at, k = 0, 0
     out = out.view(np.ndarray)  # a memory map's slices are memmap objects: ~4 us each
     for g in range(len(self.head)):
       i, start, n = (int(x) for x in self.head[g])
       if n:
-        sources[i].read_into(name, start, out[at : at + n])
+        read(i, start, out[at : at + n])
         at += n
       if self.has_middle[g]:
         n = int(offsets[k + 1] - offsets[k])
@@ -468,7 +495,7 @@ class _Parts:
         at, k = at + n, k + 1
       i, start, n = (int(x) for x in self.tail[g])
       if n:
-        sources[i].read_into(name, start, out[at : at + n])
+        read(i, start, out[at : at + n])
         at += n
     assert at == len(out), (at, len(out))
 

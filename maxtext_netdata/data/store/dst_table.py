@@ -83,6 +83,10 @@ class DstEncoder:
     _map_into(index, mapped, out)
     return out
 
+  def forget(self, source: str) -> None:
+    """Drop the map of `source`'s table (`encode_from`): a table used once."""
+    self._maps.pop(source, None)
+
   def table(self) -> np.ndarray:
     """uint8 [D, 16]: the addresses so far, in the order of their first row."""
     return np.ascontiguousarray(self._keys.key_words[: len(self._keys)]).view(np.uint8)
