@@ -3,9 +3,10 @@
 Rows are partitioned by probe bucket (`partition.Gather`) into one spill file per bucket
 (`SpillWriter`, the runner's GroupByKey), then one bucket at a time is read back and sorted
 (`SpillWriter.sorted`: whole, or in slices when it holds more rows than one sort may). For the
-probe split and eval files each sorted bucket goes straight into the splits (`build`); for the
-time split, whose cutoff needs every row's time first, each is written as a piece and the
-pieces are assembled afterwards (`pieces`), as the Beam runner does.
+probe split, eval files and a time split with no test share each sorted bucket goes straight
+into the splits (`build`); for a time split with a test share, whose cutoff needs every row's
+time first, each is written as a piece and the pieces are assembled afterwards (`pieces`),
+as the Beam runner does.
 """
 
 from __future__ import annotations
@@ -106,9 +107,11 @@ def spill(config, options, files, metadata, *, buckets, folder, progress, on_chu
 
 def build(config, options, files, metadata, *, buckets, work, spill_dir, split, meta,
                  progress, label, allow_empty=False) -> tuple:  # fmt: skip
-  """The built-in runner for the probe split and eval files: each sorted bucket goes straight
-  into the splits, no piece written and read back. The splits' sizes, needed up front, are
-  counted while partitioning (a probe's split follows from its hash alone).
+  """The built-in runner for the probe split, eval files and a time split with no test share
+  (the new files of a time split's update among them): each sorted bucket goes straight into
+  the splits, no piece written and read back. The splits' sizes, needed up front, are
+  counted while partitioning (a probe's split follows from its hash alone, or every row
+  trains).
 
   Returns (counts, read report, probes). No valid row is an error unless `allow_empty`.
   """
@@ -148,8 +151,9 @@ def build(config, options, files, metadata, *, buckets, work, spill_dir, split, 
 
 
 def pieces(config, options, files, metadata, *, buckets, pieces_dir, progress) -> tuple:
-  """The built-in runner for the time split: buckets spilled to local files, each sorted
-  into a piece (the time cutoff needs every row's time before any row can be placed).
+  """The built-in runner for a time split with a test share: buckets spilled to local files,
+  each sorted into a piece (the time cutoff needs every row's time before any row can be
+  placed).
 
   Returns the piece folders in bucket order and the read report.
   """

@@ -209,7 +209,8 @@ def _build_group(
   buckets = partition.num_buckets(total, config.network_prepare_memory_mb)
   pieces_dir = os.path.join(work, f".pieces-{name}")
   label = config.grain_train_files if name == "train" else config.grain_eval_files
-  if runner is None and split != "time":
+  # Straight into the splits unless a time cutoff needs every row's time first.
+  if runner is None and (split != "time" or not config.network_test_fraction):
     return local_runner.build(
       config, options, files, metadata, buckets=buckets, work=work, spill_dir=pieces_dir + "-spill",
       split=split, meta=meta, progress=progress, label=label, allow_empty=allow_empty,

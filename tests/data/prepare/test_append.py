@@ -63,8 +63,7 @@ CASES = {
   "an earlier day": ([1, 2, 3], [0], []),
   "days between": ([0, 2], [1, 3], []),
   "a day within the base's days": ([0, 2], [1], []),
-  # With eval files no train row is held out, so even the time split can be appended to; its
-  # new files go through the built-in runner's pieces, as Beam's do.
+  # With eval files no train row is held out.
   "hashed order, eval files, time split": (
     [0, 1],
     [2],

@@ -19,6 +19,7 @@ from maxtext_netdata.data.store import store
 from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.errors import DataError
 from maxtext_netdata.format import tokenizer
+from tests.helpers.pipeline import store_files
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +174,28 @@ def test_time_split_holds_out_the_latest_rows(tmp_path, raw_files):
   assert (
     f" probes, {local_runner.utc(cutoff)} to {local_runner.utc(int(seconds.max()))} UTC" in text
   )
+
+
+def test_a_time_split_with_no_test_share_is_built_without_pieces_the_same(
+  tmp_path, raw_files, monkeypatch
+):
+  """No cutoff to find: the rows go straight into the splits, as the probe split's do (the
+  new files of a time split's update), and the store is the one the pieces give."""
+  overrides = ("network_split=time", "network_test_fraction=0")
+  through_pieces = prepare.prepare(
+    make_config(tmp_path / "pieces", raw_files, *overrides),
+    progress=False,
+    runner=local_runner.pieces,
+  )
+  written = []
+  monkeypatch.setattr(local_runner, "write_pieces", lambda *a: written.append(a) or [])
+  direct = prepare.prepare(make_config(tmp_path / "direct", raw_files, *overrides), progress=False)
+  assert not written
+  a, b = store_files(direct.summary["path"]), store_files(through_pieces.summary["path"])
+  assert a.keys() == b.keys() and "train/seconds.npy" in a
+  assert all(a[name] == b[name] for name in a)
+  assert direct.summary["splits"] == through_pieces.summary["splits"]
+  assert direct.summary["splits"]["test"]["rows"] == 0
 
 
 def test_eval_files_become_the_eval_split(tmp_path, raw_files):
