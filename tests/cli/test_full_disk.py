@@ -18,6 +18,7 @@ import functools
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -190,6 +191,41 @@ def test_prepare_onto_a_full_disk(small_disk, tmp_path, config, overrides):
   written = r"bucket-\d+\.bin" if overrides else r"\S+\.npy"
   assert re.search(rf"cannot write {prepared}/\S+/{written}: {re.escape(small_disk.cause)}$", line)
   _no_store(prepared)
+
+
+@pytest.mark.parametrize("small_disk", ["8m"], indirect=True)
+def test_an_update_onto_a_full_disk_leaves_its_base(small_disk, tmp_path):
+  """A store of 300k rows (3 MB) on the disk; a day of 150k rows more fits while it is
+  prepared alone (its spill, 2.1 MB, then its store, 1.5 MB), but the merged store beside
+  both (4.5 MB) does not: the one-line error, and the base as it was, the only folder left."""
+  from maxtext_netdata import config as config_lib  # noqa: PLC0415
+  from maxtext_netdata.data.prepare import prepare  # noqa: PLC0415
+
+  base_raw = generate(str(tmp_path / "a"), rows=300_000, shards=1, seed=1, progress=False)
+  new_raw = generate(str(tmp_path / "b"), rows=150_000, shards=1, seed=2, progress=False)
+  outside = tmp_path / "outside"
+  cfg = config_lib.load(
+    "configs/base.yml", [f"grain_train_files={base_raw[0]}", f"network_prepared_dir={outside}"]
+  )
+  built = prepare.prepare(cfg, progress=False).summary["path"]
+  prepared = small_disk.path / "prepared"
+  base = prepared / os.path.basename(built)
+  shutil.copytree(built, base)
+  before = {p: p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+  done = _run(
+    small_disk.argv(
+      "prepare",
+      "configs/base.yml",
+      f"grain_train_files={base_raw[0]},{new_raw[0]}",
+      f"network_prepared_dir={prepared}",
+    )
+  )
+  line = _the_error_line("prepare", done.returncode, done.stderr)
+  assert re.search(rf"cannot write {prepared}/\S+: {re.escape(small_disk.cause)}$", line), line
+  if small_disk.cause.startswith("no space"):  # the merge's split files, reserved up front
+    assert re.search(rf"{prepared}/\.tmp-\S+/train/\S+\.npy: ", line), line
+  assert sorted(os.listdir(prepared)) == [base.name]
+  assert {p: p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()} == before
 
 
 @pytest.mark.slow
