@@ -307,18 +307,20 @@ class SplitWriter:
 
   def add_dst(self, parts) -> None:
     """The next rows' destinations, from `parts` in order: (16-byte addresses, None, None),
-    or (indices, the table they index, a name for that table: `DstEncoder.encode_from`)."""
-    rows = sum(len(array) for array, _, _ in parts)
+    or (indices, the table they index, a name for that table[, rows past the table]:
+    `DstEncoder.encode_from`)."""
+    rows = sum(len(part[0]) for part in parts)
     if not rows:
       return
     out, at = self._next_rows("dst", rows), 0
-    for array, table, source in parts:
+    for array, table, source, *extra in parts:
       n = len(array)
       if n:
         if table is None:
           out[at : at + n] = self.dst.encode(array)
         else:
-          self.dst.encode_from(array, table, source, out=out[at : at + n])
+          extra = extra[0] if extra else None
+          self.dst.encode_from(array, table, source, out=out[at : at + n], extra=extra)
         at += n
     self.written["dst"] += rows
     del out

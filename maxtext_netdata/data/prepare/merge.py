@@ -56,9 +56,7 @@ def merge_split(
           writer.add_probes(sizes, union.src[lo:hi], union.version[lo:hi])
           for name in names:
             if name == "dst":
-              part = parts.dst_indices(merged, tables, int(sizes.sum()))
-              writer.add_dst([part])
-              writer.dst.forget(part[2])  # this batch's table alone
+              writer.add_dst([parts.dst_indices(merged, tables, int(sizes.sum()))])
               continue
             fill = functools.partial(parts.fill, merged, name)
             writer.add_rows(name, int(sizes.sum()), fill)
@@ -289,6 +287,7 @@ class _Tables:
       raise DataError("the merged stores' destination tables exceed 2^32 entries")
     empty = np.zeros((0, 16), np.uint8)
     self.table = np.concatenate([s.dst_table for s in sources]) if sources else empty
+    self.name = "the merged splits' tables"  # the one name of `table` (its map is kept)
 
   def indices(self, segments, rows: int) -> tuple:
     """The (source, first row, rows) `segments`' destinations as indices into `table`, as a
@@ -299,7 +298,7 @@ class _Tables:
       self.read(i, start, out[at : at + n])
       at += n
     assert at == rows, (at, rows)
-    return out, self.table, "the merged splits' tables"
+    return out, self.table, self.name
 
   def read(self, i: int, start: int, out: np.ndarray) -> None:
     """Source `i`'s rows [start, start + len(out))'s destinations as indices into `table`."""
@@ -465,10 +464,12 @@ class _Parts:
 
   def dst_indices(self, merged: bucket_sort.SortedBucket, tables: _Tables, rows: int) -> tuple:
     """The groups' destinations as one part of `SplitWriter.add_dst`: the heads' and tails'
-    as indices into the sources' joined table (`_Tables`), the middle's sorted addresses
-    appended to that table for this batch, an entry a row. Decoding every row to 16 bytes
-    and hashing it again, as the middle's must be, cost ~30 ns a row where a merge whose
-    probes have late results (every batch, with RIPE's dumps) spends ~3 on the others."""
+    as indices into the sources' joined table (`_Tables`), the middle's sorted addresses as
+    rows past it (`DstEncoder.encode_from`'s `extra`), an entry a row. Decoding every row to
+    16 bytes and hashing it again, as the middle's must be, cost ~30 ns a row where a merge
+    whose probes have late results (every batch, with RIPE's dumps) spends ~3 on the
+    others; the joined table is not copied for each batch (~14 MB at a month's ~300k
+    destinations a source)."""
     middle = merged.column("dst")
     first = len(tables.table)
     if first + len(middle) >= 2**32:
@@ -476,8 +477,7 @@ class _Parts:
     out = np.empty(rows, dst_table.INDEX_DTYPE)
     entries = np.arange(first, first + len(middle), dtype=dst_table.INDEX_DTYPE)
     self._walk(merged.probe_offsets, entries, tables.read, out)
-    table = np.concatenate([tables.table, middle])
-    return out, table, f"the merged splits' tables and batch {self.lo}'s sorted rows"
+    return out, tables.table, tables.name, middle
 
   def _walk(self, offsets, middle: np.ndarray, read, out: np.ndarray) -> None:
     """Each group's head (`read(source, first row, out)`), middle (its rows of `middle`, by

@@ -59,33 +59,45 @@ class DstEncoder:
     return out
 
   def encode_from(
-    self, index: np.ndarray, table: np.ndarray, source: str, out: np.ndarray | None = None
+    self,
+    index: np.ndarray,
+    table: np.ndarray,
+    source: str,
+    out: np.ndarray | None = None,
+    extra: np.ndarray | None = None,
   ) -> np.ndarray:
     """`encode(decode(table, index))`, without decoding every row: `source` names `table`
     (the split it comes from: the same source, the same table) so that its entries' indices
-    here are kept. An index past `table` is a DataError naming `source`. Written into `out`
-    (uint32 [n], a split file's map) when given, in one pass."""
+    here are kept. Indices from len(table) on name the rows of `extra` (uint8 [m, 16]), an
+    entry a row, used once (a merge's rows sorted again, between rows it maps by index). An
+    index past both is a DataError naming `source`. Written into `out` (uint32 [n], a split
+    file's map) when given, in one pass."""
     mapped = self._maps.get(source)
     if mapped is None:
       mapped = self._maps[source] = np.full(len(table), -1, np.int64)
+    extra = np.zeros((0, 16), np.uint8) if extra is None else extra
+    extra_mapped = np.full(len(extra), -1, np.int64)
     index = np.ascontiguousarray(index, dtype=INDEX_DTYPE)
-    entries = np.empty(min(len(index), len(mapped)), np.int64)
-    count = _first_unseen(index, mapped, entries)
+    entries = np.empty(min(len(index), len(mapped) + len(extra)), np.int64)
+    count = _first_unseen(index, mapped, extra_mapped, entries)
     if count < 0:
+      mapped[mapped == -2] = -1  # the entries marked before the bad one stay unseen
       raise DataError(
         f"{source}: a destination index past its table of {len(mapped)}; prepare it again"
       )
     if count:
       entries = entries[:count]  # in the order of their first row
-      mapped[entries] = self.encode(np.asarray(table)[entries])
+      own = entries < len(mapped)
+      words = np.empty((count, 16), np.uint8)
+      words[own] = np.asarray(table)[entries[own]]
+      words[~own] = extra[entries[~own] - len(mapped)]
+      codes = self.encode(words)
+      mapped[entries[own]] = codes[own]
+      extra_mapped[entries[~own] - len(mapped)] = codes[~own]
     if out is None:
       out = np.empty(len(index), INDEX_DTYPE)
-    _map_into(index, mapped, out)
+    _map_into(index, mapped, extra_mapped, out)
     return out
-
-  def forget(self, source: str) -> None:
-    """Drop the map of `source`'s table (`encode_from`): a table used once."""
-    self._maps.pop(source, None)
 
   def table(self) -> np.ndarray:
     """uint8 [D, 16]: the addresses so far, in the order of their first row."""
@@ -93,29 +105,40 @@ class DstEncoder:
 
 
 @numba.njit(cache=True, nogil=True)
-def _first_unseen(index, mapped, out):
-  """The entries of `index` that `mapped` does not know (-1), each once, in the order of
-  their first row, into `out`; marks them (-2). Returns their count, or -1 for an index past
-  the table (read from disk: never read past it). One pass: a sort of the indices
-  (`np.unique`) took ~0.15 s a 2M-row piece, longer than the piece's other work."""
+def _first_unseen(index, mapped, extra_mapped, out):
+  """The entries of `index` that `mapped` (from len(mapped) on: `extra_mapped`) does not
+  know (-1), each once, in the order of their first row, into `out`; marks them (-2).
+  Returns their count, or -1 for an index past both (read from disk: never read past it).
+  One pass: a sort of the indices (`np.unique`) took ~0.15 s a 2M-row piece, longer than the
+  piece's other work."""
   count = 0
+  own = len(mapped)
   for i in range(len(index)):
     entry = index[i]
-    if entry >= len(mapped):
+    if entry < own:
+      if mapped[entry] == -1:
+        mapped[entry] = -2
+        out[count] = entry
+        count += 1
+    elif entry - own < len(extra_mapped):
+      if extra_mapped[entry - own] == -1:
+        extra_mapped[entry - own] = -2
+        out[count] = entry
+        count += 1
+    else:
       return -1
-    if mapped[entry] == -1:
-      mapped[entry] = -2
-      out[count] = entry
-      count += 1
   return count
 
 
 @numba.njit(cache=True, nogil=True)
-def _map_into(index, mapped, out):
-  """out[i] = mapped[index[i]]: every entry of `index` is mapped (`_first_unseen` first).
-  One pass where numpy's gather, cast and copy into a file's map took three."""
+def _map_into(index, mapped, extra_mapped, out):
+  """out[i] = the code of entry index[i] (`mapped`, then `extra_mapped`); every entry is
+  mapped (`_first_unseen` first). One pass where numpy's gather, cast and copy into a file's
+  map took three."""
+  own = len(mapped)
   for i in range(len(index)):
-    out[i] = mapped[index[i]]
+    entry = index[i]
+    out[i] = mapped[entry] if entry < own else extra_mapped[entry - own]
 
 
 _first_unseen = warmup.noted(_first_unseen, "prepare: compiled the destination table's pass")

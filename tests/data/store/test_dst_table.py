@@ -39,9 +39,17 @@ def test_a_table_of_first_rows_however_the_rows_arrive():
   out, at = [], 0
   while at < len(rows):
     n = int(rng.integers(1, 3_000))
-    kind = int(rng.integers(0, 3))
+    kind = int(rng.integers(0, 4))
     if kind == 2:  # 16-byte addresses
       out.append(encoder.encode(rows[at : at + n]))
+    elif kind == 3:  # source 0's indices, some rows as addresses past its table (a merge's
+      # rows sorted again, between rows it maps by index)
+      own, own_index = sources[0]
+      mixed = own_index[at : at + n].copy()
+      loose = rng.random(len(mixed)) < 0.3
+      mixed[loose] = len(own) + np.arange(loose.sum())
+      extra = rows[at : at + n][loose]
+      out.append(encoder.encode_from(mixed, own, "source 0", extra=extra))
     else:  # indices into source `kind`'s table
       own, own_index = sources[kind]
       out.append(encoder.encode_from(own_index[at : at + n], own, f"source {kind}"))
@@ -67,3 +75,9 @@ def test_an_index_past_its_table_is_refused():
   table = np.zeros((2, 16), np.uint8)
   with pytest.raises(DataError, match="^piece: a destination index past its table of 2"):
     encoder.encode_from(np.array([0, 2], np.uint32), table, "piece")
+  extra = np.ones((1, 16), np.uint8)  # index 2 is this row; 3 is past both
+  np.testing.assert_array_equal(
+    encoder.encode_from(np.array([2, 0], np.uint32), table, "piece", extra=extra), [0, 1]
+  )
+  with pytest.raises(DataError, match="^piece: a destination index past its table of 2"):
+    encoder.encode_from(np.array([0, 3], np.uint32), table, "piece", extra=extra)
