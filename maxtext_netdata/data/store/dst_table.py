@@ -13,7 +13,8 @@ bytes, which the tests compare. `DstEncoder` builds it as rows are written in st
 from 16-byte addresses (a sorted bucket's column) through a table of the addresses seen so
 far (`kernels.hash_table.KeyTable`, ~26 ns a row), or from another split's indices and table
 (a piece, a merge's source) through a map of that table's entries (~2 ns a row, plus the
-table's entries first seen).
+table's entries first seen), with rows of addresses past that table where a merge sorted
+some rows again between rows it maps by index.
 """
 
 from __future__ import annotations
