@@ -27,12 +27,12 @@ A store whose files are not all listed any more (the oldest day of a rolling win
 that was prepared within other time bounds (`network_since`, `network_until`), is a base too
 when the rows to leave can be told from the rows to keep by time alone (`update_window`, from
 each file's first and last second in the summary): the merge then reads only the base's rows
-within a window of time, each probe's one run (`merge._Source`'s window), which are exactly
+within a window of time, each probe's one run (`merge.SplitSource`'s window), which are exactly
 the rows of the kept files within the new bounds.
 
 With `network_split: time` and a test share, the cutoff moves with every new row: the new
 files are prepared with no test share, and the base's two splits and the new rows are cut
-again at the cutoff of them all (`merge.merge_time_split`), found by binary searches in each
+again at the cutoff of them all (`time_merge.merge_time_split`), found by binary searches in each
 probe's rows, none read whole; the base's test rows before the new cutoff join the train
 split as runs after each probe's train rows.
 """

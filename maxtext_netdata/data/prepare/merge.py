@@ -1,8 +1,8 @@
 """The merge of a store update (`data.prepare.append`): split folders (a base's and a delta's,
 the new files prepared alone) into one split in store order, each folder's rows within a
-window of time (the base's when files leave it; each side of a time split's cutoff, which is
-found here too), read with plain reads and written through a memory map of the new split's
-files, memory bounded by batches of at most a bucket's rows.
+window of time (the base's when files leave it; each side of a time split's cutoff,
+`data.prepare.time_merge`), read with plain reads and written through a memory map of the
+new split's files, memory bounded by batches of at most a bucket's rows.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ def merge_split(
   its window of time (first, last second; None for no bound, or for none at all: every row),
   in store order; its counts ({"rows", "probes", "failed"}). A folder may be absent (no rows).
   """
-  sources = [_Source(path, window) for path, window in sources if os.path.isdir(path)]
+  sources = [SplitSource(path, window) for path, window in sources if os.path.isdir(path)]
   try:
     hashed = any(s.hashed for s in sources)
     names = [n for n in store.ROW_ARRAYS if hashed or n != "hashed_order"]
-    union = _Union(sources)
+    union = ProbeUnion(sources)
     tables = _Tables(sources)
     writer = assemble.SplitWriter(out, int(union.rows.sum()), names)
     try:
@@ -71,78 +71,6 @@ def merge_split(
       source.close()
 
 
-def merge_time_split(
-  base: str, delta: str, out: str, meta: dict, *, fraction: float, window, batch_rows: int, bar=None
-) -> tuple[dict, int]:
-  """The train and test split folders under `out` of a time split holding `fraction` of the
-  rows as its test split: the rows of store `base`'s two splits (those within `window`) and of
-  `delta`'s train split (new files prepared with no test share), cut at the cutoff of them
-  all (`time_cutoff`): their counts by split name, and the probes of both (distinct).
-
-  Each output split is a merge of the three sources, each within its window and on its side
-  of the cutoff: a new day moves the cutoff by about a day, so the train split is the base's
-  train split and the base's test rows before the new cutoff (copied as runs: they come after
-  each probe's train rows), and the test split the rest of the base's test rows and the new
-  rows (sorted again only where a probe's new rows fall between its old ones).
-  """
-  paths = [os.path.join(base, "train"), os.path.join(base, "test"), os.path.join(delta, "train")]
-  inputs = [(p, w) for p, w in zip(paths, (window, window, None), strict=True) if os.path.isdir(p)]
-  sources = [_Source(path, w) for path, w in inputs]
-  try:
-    cutoff = time_cutoff(sources, fraction)
-    probes = len(_Union(sources).version)  # a probe may be in both splits: counted once
-  finally:
-    for source in sources:
-      source.close()
-  sides = {"train": (None, cutoff - 1), "test": (cutoff, None)}
-  counts = {}
-  for name, side in sides.items():
-    windows = [(path, _within(w, side)) for path, w in inputs]
-    counts[name] = merge_split(
-      windows, os.path.join(out, name), {**meta, "split": name}, batch_rows=batch_rows, bar=bar
-    )
-  return counts, probes
-
-
-def _within(window, side) -> tuple:
-  """The window of seconds (first, last; None: no bound) within both `window` and `side`."""
-  if window is None:
-    return side
-  lows = [x for x in (window[0], side[0]) if x is not None]
-  highs = [x for x in (window[1], side[1]) if x is not None]
-  return (max(lows) if lows else None, min(highs) if highs else None)
-
-
-def time_cutoff(sources: list[_Source], fraction: float) -> int:
-  """`assemble.time_cutoff` of the sources' rows (each within its window): the second of row
-  `assemble.quantile_index` in time order, found by a binary search on the second itself.
-
-  Each step counts the rows at or before a second by a binary search in each probe's rows
-  (`assemble.search_ranges`), within the rows the steps before left between the bounds: the
-  whole search reads ~log2(rows) + log2(seconds) rows a probe, a few pages, where counting
-  by hour as a build does would read every row's second of a store that may hold a month.
-  """
-  n = sum(int(s.sizes.sum()) for s in sources)
-  if not n:
-    return 0  # no rows: no cutoff to find
-  wanted = assemble.quantile_index(n, fraction) + 1  # rows at or before the cutoff's second
-  low = min(int(s.first.min()) for s in sources if len(s.first))
-  high = max(int(s.last.max()) for s in sources if len(s.last))
-  below = [s.starts.copy() for s in sources]  # each probe's first row at or after `low`
-  above = [s.starts + s.sizes for s in sources]  # and its first row after `high`
-  while low < high:
-    mid = (low + high) // 2
-    at = [
-      assemble.search_ranges(s.seconds, lo, hi, mid, right=True)
-      for s, lo, hi in zip(sources, below, above, strict=True)
-    ]
-    if sum(int((a - s.starts).sum()) for s, a in zip(sources, at, strict=True)) >= wanted:
-      high, above = mid, at
-    else:
-      low, below = mid + 1, at
-  return low
-
-
 def link_split(base: str, out: str, meta: dict) -> dict:
   """Split folder `out` as a copy of `base` (its arrays hard-linked where the filesystem
   allows, copied where not) with `meta` in its meta.json; its counts."""
@@ -176,7 +104,7 @@ def merge_bar(rows: int, progress: bool):
   )
 
 
-class _Source:
+class SplitSource:
   """One split folder being merged: its probes in memory, its rows read as needed; with a
   `window` (first, last second), only each probe's rows within it, and only the probes with
   such rows. Probe p's rows are [starts[p], starts[p] + sizes[p]).
@@ -279,7 +207,7 @@ class _Tables:
   table in one `SplitWriter.add_dst` call: mapped a segment at a time (a probe's run of one
   source), the calls' own cost was ~20 us each, a third of a merge of 11k-row probes."""
 
-  def __init__(self, sources: list[_Source]):
+  def __init__(self, sources: list[SplitSource]):
     self.sources = sources
     sizes = [len(s.dst_table) for s in sources]
     self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
@@ -312,13 +240,13 @@ class _Tables:
     out += dst_table.INDEX_DTYPE(self.offsets[i])
 
 
-class _Union:
+class ProbeUnion:
   """The probes of all sources in store order (`bucket_sort.order_bucket`'s: hash, version,
   address), each once: `index` [G, S] is its number in each source (-1: not there), `rows`
   [G, S] its rows there, and `apart` [G] whether its rows of different sources do not
   interleave in time (then each source's rows are copied whole, the earliest first)."""
 
-  def __init__(self, sources: list[_Source]):
+  def __init__(self, sources: list[SplitSource]):
     self.sources = sources
     keys = np.concatenate([s.keys for s in sources])
     hashes = np.concatenate([s.hashes for s in sources])
@@ -384,7 +312,7 @@ class _Parts:
   in each of the S sources; `has_middle` [G] whether a group has middle rows.
   """
 
-  def __init__(self, union: _Union, lo: int, hi: int):
+  def __init__(self, union: ProbeUnion, lo: int, hi: int):
     self.union, self.lo = union, lo
     groups = hi - lo
     index, rows = union.index[lo:hi], union.rows[lo:hi]

@@ -50,6 +50,7 @@ from maxtext_netdata.data.prepare import (
   naming,
   partition,
   summary_text,
+  time_merge,
   upgrade,
 )  # fmt: skip
 from maxtext_netdata.data.prepare.naming import content_key, fingerprint  # noqa: F401
@@ -301,7 +302,7 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
   counts, probes = {}, None
   with merge.merge_bar(rows, progress) as bar:
     if cut:
-      counts, probes = merge.merge_time_split(
+      counts, probes = time_merge.merge_time_split(
         base.root, delta, tmp, meta, fraction=config.network_test_fraction, window=base.window,
         batch_rows=batch_rows, bar=bar,
       )  # fmt: skip

@@ -55,7 +55,8 @@ def upgrade(
   description `naming.description` gives, of format 4), files and time `bounds`, converted
   into the folder `out`: its summary (`out` holds all but the summary's file). Failing
   such a store, the one `append.find_base` would take is converted into the format-4 store
-  of its own files, beside it; None. None too for a store holding a time that format 4 does not keep (said on stderr).
+  of its own files, beside it; None. None too for a store holding a time that format 4 does
+  not keep (said on stderr).
   """
   former_key = naming.digest({**content, "format_version": FORMER})
   current = {tuple(e) for e in append.entries(train_files)}

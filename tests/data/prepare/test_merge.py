@@ -1,4 +1,4 @@
-"""The merge's own searches (`data.prepare.merge`): the time split's cutoff over split folders,
+"""The merge's own searches (`data.prepare.time_merge`): the time split's cutoff over split folders,
 each within a window of time, found without reading their rows whole (docs/prepare.md, "New
 files: append")."""
 
@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from maxtext_netdata.data.prepare import merge, prepare
+from maxtext_netdata.data.prepare import merge, prepare, time_merge
 from maxtext_netdata.data.store import store
 from tests.data.prepare.test_prepare import make_config
 
@@ -74,21 +74,21 @@ WINDOWS = {
 @pytest.mark.parametrize("case", sorted(WINDOWS))
 def test_cutoff_over_windows_is_numpys_higher_quantile(splits, case):
   windows = WINDOWS[case]
-  sources = [merge._Source(path, w) for path, w in zip(splits, windows, strict=True)]
+  sources = [merge.SplitSource(path, w) for path, w in zip(splits, windows, strict=True)]
   try:
     seconds = np.concatenate([seconds_of(p, w) for p, w in zip(splits, windows, strict=True)])
     assert sum(int(s.sizes.sum()) for s in sources) == len(seconds)
     assert len(np.unique(seconds)) == len(seconds) > 1
     for fraction in (1e-4, 0.01, 0.1, 0.25, 0.5, 0.9, 0.999):
       expected = np.quantile(seconds, 1 - fraction, method="higher")
-      assert merge.time_cutoff(sources, fraction) == expected, fraction
+      assert time_merge.time_cutoff(sources, fraction) == expected, fraction
   finally:
     for source in sources:
       source.close()
 
 
 def test_cutoff_of_no_rows_is_zero(splits):
-  sources = [merge._Source(p, (START + 50 * 86_400, None)) for p in splits]
-  assert merge.time_cutoff(sources, 0.1) == 0
+  sources = [merge.SplitSource(p, (START + 50 * 86_400, None)) for p in splits]
+  assert time_merge.time_cutoff(sources, 0.1) == 0
   for source in sources:
     source.close()
