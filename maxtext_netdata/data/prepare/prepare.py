@@ -306,11 +306,13 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
         base.root, delta, tmp, meta, fraction=config.network_test_fraction, window=base.window,
         batch_rows=batch_rows, bar=bar,
       )  # fmt: skip
-    for name in () if cut else names:
-      sources = [(os.path.join(base.root, name), base.window), (os.path.join(delta, name), None)]
-      counts[name] = merge.merge_split(
-        sources, os.path.join(tmp, name), {**meta, "split": name}, batch_rows=batch_rows, bar=bar
-      )
+    else:
+      for name in names:
+        sources = [(os.path.join(base.root, name), base.window), (os.path.join(delta, name), None)]
+        counts[name] = merge.merge_split(
+          sources, os.path.join(tmp, name), {**meta, "split": name}, batch_rows=batch_rows,
+          bar=bar,
+        )  # fmt: skip
   shutil.rmtree(delta, ignore_errors=True)
   if eval_files:
     eval_meta = {"fingerprint": fp, "source_files": [f.uri for f in eval_files], "split": "eval"}
