@@ -34,7 +34,9 @@ With `network_split: time` and a test share, the cutoff moves with every new row
 files are prepared with no test share, and the base's two splits and the new rows are cut
 again at the cutoff of them all (`time_merge.merge_time_split`), found by binary searches in each
 probe's rows, none read whole; the base's test rows before the new cutoff join the train
-split as runs after each probe's train rows.
+split as runs after each probe's train rows. The same merge cuts a time split of another
+test share again at the new one (`stores`' `recut`), with or without new files: changing
+`network_test_fraction` reads no raw file.
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ class Base:
   removed: list[list] = dataclasses.field(default_factory=list)
   window: tuple[int, int] | None = None
 
+  @property
+  def test_fraction(self) -> float:
+    """The base's `network_test_fraction` (a time split's may differ from the new store's)."""
+    return self.summary["network_test_fraction"]
+
 
 def entries(files: list[remote.FileEntry]) -> list[list]:
   """The files as JSON-able [uri, size, mtime_ns] lists, as a store's summary keeps them."""
@@ -84,16 +91,30 @@ def _summaries(prepared_dir: str):
       yield os.path.dirname(meta_path), summary
 
 
-def stores(prepared_dir: str, content_key: str, version: int = store.FORMAT_VERSION):
+def stores(prepared_dir: str, content_key: str, version: int = store.FORMAT_VERSION, recut=None):
   """(root, its train files as a set of entries, summary) of each complete store in
-  `prepared_dir` of `content_key` and store format `version`. Stores written before
-  summaries kept their files' sizes and times are left out."""
+  `prepared_dir` of `content_key` and store format `version`, and, with `recut` (for a time
+  split: the content key at another test fraction, `naming.recut_key`), each time split of
+  another test share that is otherwise the same (its rows cut again in the merge). Stores
+  written before summaries kept their files' sizes and times are left out."""
   for root, summary in _summaries(prepared_dir):
-    if summary.get("format_version") != version:
+    if summary.get("format_version") != version or "train_file_entries" not in summary:
       continue
-    if summary.get("content_key") != content_key or "train_file_entries" not in summary:
+    if summary.get("content_key") != content_key and not _recuttable(summary, recut):
       continue
     yield root, {tuple(e) for e in summary["train_file_entries"]}, summary
+
+
+def _recuttable(summary: dict, recut) -> bool:
+  """Whether a time split of the summary's content key at the summary's test fraction is
+  the store's (`stores`'s `recut`)."""
+  fraction = summary.get("network_test_fraction")
+  return (
+    recut is not None
+    and summary.get("network_split") == "time"
+    and isinstance(fraction, int | float)
+    and summary.get("content_key") == recut(fraction)
+  )
 
 
 def former_formats(prepared_dir: str) -> list[tuple[str, object, int]]:
@@ -124,18 +145,21 @@ def find_base(
   train_files: list[remote.FileEntry],
   bounds=NO_BOUNDS,
   version: int = store.FORMAT_VERSION,
+  recut=None,
 ) -> Base | None:
-  """The complete store in `prepared_dir` of `content_key` (and store format `version`) with
-  the most of `train_files` (the fewest files to remove on a tie) that can be updated into
-  the store of these files within `bounds` (`update_window`), or None."""
+  """The complete store in `prepared_dir` of `content_key` (and store format `version`; a
+  time split of another test share with `recut`, as `stores` takes it) with the most of
+  `train_files` (the fewest files to remove on a tie, then one of the same test share) that
+  can be updated into the store of these files within `bounds` (`update_window`), or None."""
   current = {tuple(e) for e in entries(train_files)}
   best, best_rank = None, None
-  for root, held, summary in stores(prepared_dir, content_key, version):
+  for root, held, summary in stores(prepared_dir, content_key, version, recut):
     kept, removed = held & current, held - current
-    if not kept or (held == current and bounds_of(summary) == tuple(bounds)):
+    same = summary["content_key"] == content_key
+    if not kept or (same and held == current and bounds_of(summary) == tuple(bounds)):
       continue
     usable, window, _ = update_window(summary, current, bounds)
-    rank = (len(kept), -len(removed))
+    rank = (len(kept), -len(removed), same)
     if usable and (best is None or rank > best_rank):
       best_rank = rank
       new = [f for f in train_files if tuple(dataclasses.astuple(f)) not in held]
@@ -145,13 +169,18 @@ def find_base(
 
 
 def no_base_reason(
-  prepared_dir: str, content_key: str, train_files: list[remote.FileEntry], bounds=NO_BOUNDS
+  prepared_dir: str,
+  content_key: str,
+  train_files: list[remote.FileEntry],
+  bounds=NO_BOUNDS,
+  recut=None,
 ) -> str:
-  """Why no store of `content_key` holding some of `train_files` can be updated (when
-  `find_base` found none): about the one holding the most of them; "" when there is none."""
+  """Why no store of `content_key` (or `recut`, as `stores` takes it) holding some of
+  `train_files` can be updated (when `find_base` found none): about the one holding the most
+  of them; "" when there is none."""
   current = {tuple(e) for e in entries(train_files)}
   best = None
-  for root, held, summary in stores(prepared_dir, content_key):
+  for root, held, summary in stores(prepared_dir, content_key, recut=recut):
     kept = held & current
     _, _, reason = update_window(summary, current, bounds)
     if kept and reason and (best is None or len(kept) > best[0]):

@@ -70,6 +70,15 @@ def content_key(config, eval_files: list[remote.FileEntry]) -> str:
   return digest(description(config, eval_files))
 
 
+def recut_key(config, eval_files: list[remote.FileEntry]):
+  """For a time split without eval files, the content key `config` would have at another test
+  fraction (a function of it): a time split of such a key can be cut again at this one
+  (`data.prepare.append`); None for any other split."""
+  if config.network_split != "time" or eval_files:
+    return None
+  return lambda fraction: content_key(config.replace(network_test_fraction=fraction), eval_files)
+
+
 @contextlib.contextmanager
 def builder_lock(prepared_dir: str, fp: str, progress: bool):
   """Hold `<prepared_dir>/.lock-<fp>` while building: one builder per store.

@@ -91,9 +91,10 @@ def prepare(
   )
   if prune:
     local_dir = os.path.dirname(splits.summary["path"])
-    made_from = (splits.summary.get("appended") or splits.summary.get("removed") or {}).get("base")
+    made = [splits.summary.get(k) for k in ("appended", "removed", "recut")]
+    made_from = next((m["base"] for m in made if m), "")
     roots = append.superseded(
-      local_dir, content_key(config, eval_files), train_files, made_from or "",
+      local_dir, content_key(config, eval_files), train_files, made_from,
       local_runner.time_bounds(config),
     )  # fmt: skip
     freed = sum(append.remove_store(root) for root in roots)
@@ -140,14 +141,14 @@ def _prepare(
         copied_from = shared_root
       else:
         base, key = None, content_key(config, eval_files)
-        bounds = local_runner.time_bounds(config)
+        bounds, recut = local_runner.time_bounds(config), naming.recut_key(config, eval_files)
         summary = None if force else upgrade.upgrade(
           local_dir, tmp, naming.description(config, eval_files), train_files, bounds,
           progress=progress,
         )  # fmt: skip
         if summary is None and not force:
-          base = append.find_base(local_dir, key, train_files, bounds)
-          why = "" if base else append.no_base_reason(local_dir, key, train_files, bounds)
+          base = append.find_base(local_dir, key, train_files, bounds, recut=recut)
+          why = "" if base else append.no_base_reason(local_dir, key, train_files, bounds, recut)
           if why and progress:
             print(f"prepare: building in full: {why}", file=sys.stderr)
         if summary is None and base is None and progress:
@@ -272,20 +273,27 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
   removed = [reader.FileReport.from_json(old_reports[tuple(e)]) for e in base.removed]
   bounds = local_runner.time_bounds(config)
   rebound = append.bounds_of(old) != bounds
+  recut = base.test_fraction != config.network_test_fraction  # a time split's, cut again
   if progress:
     said = [f"appending {len(base.new_files)} new file(s)"] if base.new_files else []
     if removed:
       said.append(f"removing {len(removed)} file(s) no longer listed")
     if rebound:
       said.append(f"keeping the rows within {local_runner.span_text(bounds)}")
+    if recut:
+      said.append(
+        f"cutting its time split again at test fraction {config.network_test_fraction:g}"
+        f" (was {base.test_fraction:g})"
+      )
     print(f"prepare: updating store {base.root}: {', '.join(said)}", file=sys.stderr)
   delta = os.path.join(tmp, ".delta")
   meta = {"fingerprint": fp, "source_files": [f.uri for f in train_files]}
   names = assemble.split_names(config.network_split)
   report, new_rows = reader.ReadReport(), 0
   # A time split's cutoff is that of all rows, old and new: the new files are prepared with
-  # no test share, and cut with the base's rows at the new cutoff in the merge.
-  cut = config.network_split == "time" and config.network_test_fraction > 0
+  # no test share, and cut with the base's rows at the new cutoff in the merge (as is a base
+  # of another test share, at the new one).
+  cut = config.network_split == "time" and (config.network_test_fraction > 0 or recut)
   if base.new_files:
     new_counts, report, _ = _build_group(
       config.replace(network_test_fraction=0) if cut else config, options, base.new_files,
@@ -356,6 +364,8 @@ def _append(config, options, train_files, eval_files, tmp, fp, progress, runner,
     kept = sum(counts[n]["rows"] for n in names) - new_rows
     dropped = sum(old["splits"][n]["rows"] for n in names) - kept
     summary["removed"] = {**made, "files": len(removed), "rows": dropped, "rebound": rebound}
+  if recut:
+    summary["recut"] = {**made, "test_fraction": base.test_fraction}
   return summary
 
 

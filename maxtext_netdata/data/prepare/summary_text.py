@@ -50,6 +50,13 @@ def format_summary(summary: dict) -> str:
       f"removed   {removed['rows']:,} rows of {removed['base']} ({removed['base_rows']:,} rows):"
       f" {', '.join(why)}" + ("" if appended else f"; copied in {removed['merge_seconds']:.2f} s")
     )
+  recut = summary.get("recut")
+  if recut:
+    lines.append(
+      f"recut     the time split of {recut['base']} ({recut['base_rows']:,} rows), test fraction"
+      f" {recut['test_fraction']:g} -> {summary['network_test_fraction']:g}"
+      + ("" if appended or removed else f"; copied in {recut['merge_seconds']:.2f} s")
+    )
   pruned = summary.get("pruned")
   if pruned is not None:
     names = ", ".join(os.path.basename(root) for root in pruned["stores"]) or "none"
@@ -60,7 +67,7 @@ def format_summary(summary: dict) -> str:
   if summary["skipped"]:
     reasons = ", ".join(f"{reason}: {n:,}" for reason, n in sorted(summary["skipped"].items()))
     lines.append(f"skipped   {summary['skipped_rows']:,} rows ({reasons})")
-  if removed and not appended:
+  if (removed or recut) and not appended:
     lines.append(f"speed     {summary['seconds']:.2f} s, no file read")
   else:
     lines.append(

@@ -67,6 +67,8 @@ def time_cutoff(sources: list[merge.SplitSource], fraction: float) -> int:
   wanted = assemble.quantile_index(n, fraction) + 1  # rows at or before the cutoff's second
   low = min(int(s.first.min()) for s in sources if len(s.first))
   high = max(int(s.last.max()) for s in sources if len(s.last))
+  if not fraction:
+    return high + 1  # no test share: every row trains, as a build's time split puts them
   below = [s.starts.copy() for s in sources]  # each probe's first row at or after `low`
   above = [s.starts + s.sizes for s in sources]  # and its first row after `high`
   while low < high:
