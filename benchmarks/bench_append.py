@@ -2,7 +2,7 @@
 against full builds of the same files.
 
     python benchmarks/bench_append.py [--rows 8000000] [--days 8] [--data DIR] [--keep DIR]
-        [--split probe|time] [--test-fraction 0.1]
+        [--split probe|time] [--test-fraction 0.1] [--recut 0.2]
 
 Generates `--rows` raw rows as `--days` time-ordered files (reused from `--data` when already
 there), prepares all but the last, then, each in a fresh process (so that its peak RSS is its
@@ -13,7 +13,8 @@ merging, the merge's speed in rows/s and MB/s of store written, and, as the floo
 that writes the whole store again, a plain copy of the base store's files in the same run.
 "same store" compares every file of the updated store with the full build's, byte for byte.
 With `--split time` each store holds the latest `--test-fraction` of the rows as its test
-split, whose cutoff each update moves.
+split, whose cutoff each update moves; `--recut F` then cuts the store of all the files again
+at test fraction F (the same files, no file read) against a full build at F.
 """
 
 from __future__ import annotations
@@ -117,6 +118,21 @@ def _late_window(files: list[str], work: str, share: float, split: list[str]) ->
   print(f"same store      {_same(rolled, full)}")
 
 
+def _recut(files: list[str], work: str, share: float) -> None:
+  """The store of all the files (the append's) cut again at test fraction `share`."""
+  split = ["network_split=time", f"network_test_fraction={share}"]
+  recut, recut_s = _prepare(files, os.path.join(work, "inc"), *split)
+  full, full_s = _prepare(files, os.path.join(work, "full_recut"), *split)
+  print(
+    f"cut again       {recut_s:.2f} s ({recut['seconds']:.2f} s in prepare, test fraction"
+    f" {recut['recut']['test_fraction']:g} -> {share:g}, no file read),"
+    f" peak RSS {recut['peak_rss_bytes'] / 2**20:,.0f} MiB"
+  )
+  print(f"its full build  {full_s:.2f} s ({full['seconds']:.2f} s in prepare)")
+  print(f"full / cut      {full['seconds'] / recut['seconds']:.2f}x (time in prepare)")
+  print(f"same store      {_same(recut, full)}")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--rows", type=int, default=8_000_000)
@@ -132,7 +148,12 @@ def main() -> None:
   )
   parser.add_argument("--split", choices=("probe", "time"), default="probe")
   parser.add_argument("--test-fraction", type=float, default=0.1)
+  parser.add_argument(
+    "--recut", type=float, default=None, help="with --split time: a new test fraction (below)"
+  )
   args = parser.parse_args()
+  if args.recut is not None and args.split != "time":
+    parser.error("--recut takes --split time: a probe split of another share is built in full")
   split = [f"network_split={args.split}", f"network_test_fraction={args.test_fraction}"]
   from maxtext_netdata.data.synthetic.generate import generate  # noqa: PLC0415
 
@@ -194,6 +215,8 @@ def main() -> None:
     print(f"same store      {_same(rolled, full_rolled)}")
     if args.late > 0:
       _late_window(files, work, args.late, split)
+    if args.recut is not None:
+      _recut(files, work, args.recut)
   finally:
     if not args.keep:
       shutil.rmtree(work, ignore_errors=True)

@@ -272,16 +272,21 @@ def superseded(
   train_files: list[remote.FileEntry],
   base: str = "",
   bounds=NO_BOUNDS,
+  recut=None,
 ) -> list:
   """The complete stores in `prepared_dir` that the store of `train_files` within `bounds`
   supersedes: of the same content key and bounds, each holding a part of these files and no
   other file, and `base`, the store it was made from (which may hold files no longer listed,
-  or other bounds)."""
+  other bounds, or, with `recut` as `stores` takes it, another test share)."""
   current = {tuple(e) for e in entries(train_files)}
   return [
     root
-    for root, held, summary in stores(prepared_dir, content_key)
-    if (held < current and bounds_of(summary) == tuple(bounds))
+    for root, held, summary in stores(prepared_dir, content_key, recut=recut)
+    if (
+      summary["content_key"] == content_key
+      and held < current
+      and bounds_of(summary) == tuple(bounds)
+    )
     or (base and os.path.abspath(root) == os.path.abspath(base))
   ]
 

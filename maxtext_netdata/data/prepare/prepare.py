@@ -95,7 +95,7 @@ def prepare(
     made_from = next((m["base"] for m in made if m), "")
     roots = append.superseded(
       local_dir, content_key(config, eval_files), train_files, made_from,
-      local_runner.time_bounds(config),
+      local_runner.time_bounds(config), naming.recut_key(config, eval_files),
     )  # fmt: skip
     freed = sum(append.remove_store(root) for root in roots)
     splits.summary["pruned"] = {"stores": roots, "bytes": freed}
@@ -403,7 +403,10 @@ def _summary(
     "rows_per_s": round(report.rows_read / seconds) if seconds else 0,
     "rows_per_cpu_s": round(report.rows_read / cpu),
     "peak_rss_bytes": peak,
-    "peak_bytes_per_row": round(max(peak - rss_start, 0) / max(report.rows_read, 1), 1),
+    # None where no raw row was read (an update that only took rows out or cut again)
+    "peak_bytes_per_row": (
+      round(max(peak - rss_start, 0) / report.rows_read, 1) if report.rows_read else None
+    ),
   }
 
 

@@ -74,8 +74,9 @@ def format_summary(summary: dict) -> str:
       f"speed     {summary['seconds']:.2f} s, {summary['rows_per_s']:,} rows/s, "
       f"{summary['rows_per_cpu_s']:,} rows per CPU-second" + (" (rows read)" if appended else "")
     )
+  per_row = summary.get("peak_bytes_per_row")
   lines.append(
-    f"memory    peak RSS {summary['peak_rss_bytes'] / 2**20:,.0f} MiB, "
-    f"{summary['peak_bytes_per_row']} bytes per raw row above the start"
+    f"memory    peak RSS {summary['peak_rss_bytes'] / 2**20:,.0f} MiB"
+    + (f", {per_row} bytes per raw row above the start" if per_row is not None else "")
   )
   return "\n".join(lines)

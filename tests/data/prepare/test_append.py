@@ -193,7 +193,7 @@ def test_a_time_split_of_another_test_share_is_cut_again_into_the_store_a_full_b
     progress=False,
   )
   current = make_config(tmp_path / "inc", after, *split, f"network_test_fraction={new_share}")
-  recut = prepare.prepare(current, progress=True)
+  recut = prepare.prepare(current, progress=True, prune=True)
   full = prepare.prepare(
     make_config(tmp_path / "full", after, *split, f"network_test_fraction={new_share}"),
     progress=False,
@@ -206,6 +206,9 @@ def test_a_time_split_of_another_test_share_is_cut_again_into_the_store_a_full_b
   text = summary_text.format_summary(recut.summary)
   assert f"test fraction {old_share:g} -> {new_share:g}" in text
   assert ("no file read" in text) == (set(after) <= set(before))
+  assert ("bytes per raw row" in text) == ("appended" in recut.summary)
+  assert recut.summary["pruned"]["stores"] == [base.summary["path"]]  # the base, and no other
+  assert not os.path.exists(base.summary["path"])
 
 
 def test_a_probe_split_of_another_test_share_is_built_in_full(tmp_path, days):
