@@ -14,7 +14,7 @@ def prepare(parser) -> None:
     "--force",
     action="store_true",
     help="build in full even if a current store exists, or one to update (new files appended,"
-    " files no longer listed removed)",
+    " files no longer listed removed, a time split cut again at another test fraction)",
   )
   parser.add_argument(
     "--prune",
