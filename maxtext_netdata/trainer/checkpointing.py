@@ -206,16 +206,19 @@ _ORBAX_DIR = os.path.dirname(ocp.__file__)
 _OS_ERROR_CODE = re.compile(r"\[os_error_code='(\d+)'\]")
 
 
-def load_params(path: str, abstract_state: Any) -> Any:
+def load_params(path: str, abstract_state: Any, option: str = "load_parameters_path=") -> Any:
   """The params of the train state saved in checkpoint `path` (MaxText's
-  `load_parameters_path`: `<run_dir>/checkpoints/<n>/items`, or `<n>` itself), restored with
-  the shapes, dtypes and shardings of `abstract_state`, the state of this run's model and
-  optimizer. Anything else is a ConfigError naming the path."""
-  target = epath.Path(path)
+  `load_parameters_path`: `<run_dir>/checkpoints/<n>/items`, or `<n>` itself; a local path
+  may be relative), restored with the shapes, dtypes and shardings of `abstract_state`, the
+  state of this run's model and optimizer. Anything else is a ConfigError naming the path
+  after `option` (the key or flag that gave it)."""
+  # Absolute: Orbax's metadata of a relative path holds no items (orbax-checkpoint 0.12).
+  target = epath.Path(path if "://" in path else os.path.abspath(path))
   if (target / STATE_ITEM).is_dir():
     target = target / STATE_ITEM
+  path = f"{option}{path}"
   if not target.is_dir():
-    raise ConfigError(f"load_parameters_path={path}: no such checkpoint folder")
+    raise ConfigError(f"{path}: no such checkpoint folder")
   with ocp.StandardCheckpointer() as checkpointer:
     # Shapes first, from the metadata: a restore of arrays of other shapes fails only in
     # TensorStore's reads, whose errors outlive the call. (Orbax logs a warning that the
@@ -226,26 +229,23 @@ def load_params(path: str, abstract_state: Any) -> Any:
     try:
       saved = _param_shapes(checkpointer.metadata(target).item_metadata)
     except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
-      raise ConfigError(
-        f"load_parameters_path={path}: not a checkpoint ({first_line(e)})"
-      ) from None
+      raise ConfigError(f"{path}: not a checkpoint ({first_line(e)})") from None
     finally:
       absl_logger.setLevel(level)
     if not saved:
-      raise ConfigError(f"load_parameters_path={path}: not a checkpoint (no parameters in it)")
+      raise ConfigError(f"{path}: not a checkpoint (no parameters in it)")
     wanted = _param_shapes(abstract_state)
     if saved != wanted:
       where = sorted(set(saved) ^ set(wanted)) or [k for k in wanted if saved[k] != wanted[k]]
       raise ConfigError(
-        f"load_parameters_path={path}: not the parameters of this model ({where[0]}:"
+        f"{path}: not the parameters of this model ({where[0]}:"
         f" {saved.get(where[0], 'absent')} saved, {wanted.get(where[0], 'absent')} here)"
       )
     try:
       state = checkpointer.restore(target, abstract_state)
     except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
       raise ConfigError(
-        f"load_parameters_path={path}: not a train state of this model and optimizer"
-        f" ({first_line(e)})"
+        f"{path}: not a train state of this model and optimizer ({first_line(e)})"
       ) from None
   return state["params"]
 

@@ -236,7 +236,10 @@ def run(args: argparse.Namespace) -> int:
 
   mesh = make_mesh(config)
   trainer = Trainer(config, mesh)
-  params = checkpointing.load_params(checkpoint, trainer.abstract_state())
+  option = "--checkpoint " if args.checkpoint else ""
+  if not args.checkpoint and checkpoint == config.load_parameters_path:
+    option = "load_parameters_path="
+  params = checkpointing.load_params(checkpoint, trainer.abstract_state(), option)
   network = model.Transformer(config)
 
   @jax.jit

@@ -175,6 +175,11 @@ def test_bad_requests_are_one_line_errors(run, tmp_path):
     ([], ["--src", src, "--dst", "2001:db8::1"], "is IPv4"),
     ([], ["--src", "not-an-address", "--dst", "8.8.8.8"], "not an IPv4 or IPv6 address"),
     (["run_name=never_trained"], ["--src", src, "--dst", "8.8.8.8"], "train this config first"),
+    (
+      [],
+      ["--src", src, "--dst", "8.8.8.8", "--checkpoint", str(tmp_path)],
+      f"--checkpoint {tmp_path}: not a checkpoint",
+    ),
   ]
   for more, options, message in cases:
     result = _cli("predict", [*overrides, *more, *options])

@@ -429,11 +429,12 @@ def test_a_flat_optimizer_takes_the_same_steps_and_resumes_exactly(tmp_path):
 def test_a_new_run_starts_from_another_runs_parameters(tmp_path):
   """`load_parameters_path`: the second run's parameters are the first run's final ones. With
   learning rate 0 its steps leave them as they are, so its checkpoint holds them bit for bit,
-  with its own step count; without the option it would hold the shared initial values."""
+  with its own step count; without the option it would hold the shared initial values. The
+  path is relative, as a user types it."""
   common = ["steps=2", "checkpoint_period=2", "eval_interval=-1"]
   _run(_config(tmp_path, "run_name=first", *common))
   first = ocp.StandardCheckpointer().restore(tmp_path / "first/checkpoints/2/items")
-  source = f"load_parameters_path={tmp_path / 'first/checkpoints/2/items'}"
+  source = f"load_parameters_path={os.path.relpath(tmp_path / 'first/checkpoints/2')}"
   _run(_config(tmp_path, "run_name=second", *common, "learning_rate=0", source))
   loaded = ocp.StandardCheckpointer().restore(tmp_path / "second/checkpoints/2/items")
   assert int(loaded["step"]) == 2
