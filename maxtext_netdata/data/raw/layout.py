@@ -2,9 +2,10 @@
 `ingest` (docs/spec.md §1): file names, the completion marker, row groups and the failed-RTT
 value.
 
-A writer clears an earlier run's outputs first (`clear_outputs`), writes
-`pings-00000-of-0000N.parquet` ..., then the `.complete` marker last: a folder without the
-marker is an interrupted run, never a dataset.
+A local writer writes `pings-00000-of-0000N.parquet` ... in a folder of its own inside the
+output folder (`stage`), then puts them in place of an earlier run's outputs and writes the
+`.complete` marker last (`publish`): a run that fails leaves the earlier run's files as they
+were, and a folder without the marker is an interrupted run, never a dataset.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 
 from maxtext_netdata.errors import WritesTo
 
@@ -43,3 +46,32 @@ def write_complete_marker(out_dir: str, content: dict) -> None:
     with contextlib.suppress(OSError):
       os.remove(marker + ".tmp")
     raise
+
+
+def stage(out_dir: str) -> str:
+  """A new folder inside `out_dir` (created if need be) for a run's files until `publish`
+  puts them in place: an earlier run's files stay whole while it runs."""
+  os.makedirs(out_dir, exist_ok=True)
+  return tempfile.mkdtemp(prefix=".staging-", dir=out_dir)
+
+
+def publish(staging: str, out_dir: str, names: list[str], content: dict) -> list[str]:
+  """The files `names` written in `staging` (`stage`) moved into `out_dir` in place of an
+  earlier run's outputs, then the marker of JSON `content`: their paths; `staging` is removed
+  either way. From the earlier marker's removal to the new one's write `out_dir` holds no
+  dataset; a failure there (a full disk at the marker) removes the outputs: no dataset rather
+  than a mix of two runs."""
+  try:
+    clear_outputs(out_dir)
+    paths = []
+    for name in names:
+      paths.append(os.path.join(out_dir, name))
+      os.replace(os.path.join(staging, name), paths[-1])
+    write_complete_marker(out_dir, content)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      clear_outputs(out_dir)
+    raise
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return paths

@@ -11,9 +11,10 @@ mapped as they are read; rows gather into runs of at most `run_rows`, each sorte
 written to a temporary parquet file; the runs are then merged (an external sort, `data.ripe.shard_sort`) into
 `shards` files, file k holding the k-th time range, like `generate`'s and real dumps. A
 single run is sorted in memory and written directly. Shards are written under temporary
-names and renamed; the `.complete` marker (JSON: counts and files) comes last, and files of
-an earlier run in the folder are replaced. A run that fails (bad input, a full disk) removes
-the shards it wrote; a failed write raises OSError naming the file (`errors.WritesTo`).
+names in a folder of the run's own and then moved in place of an earlier run's files
+(`layout.publish`); the `.complete` marker (JSON: counts and files) comes last. A run that
+fails (bad input, a full disk) removes the shards it wrote and leaves an earlier run's files
+as they were; a failed write raises OSError naming the file (`errors.WritesTo`).
 
 Inputs are read block by block by `data.ripe.blocks`. With a `sample.Sample`, only the
 results of its probes and time window give rows (both mapping paths apply it per result).
@@ -27,7 +28,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import tempfile
 import time
 
 import pyarrow as pa
@@ -37,8 +37,8 @@ from maxtext_netdata.config import iso_seconds
 from maxtext_netdata.config import load as load_config
 from maxtext_netdata.data import remote
 from maxtext_netdata.data.raw.layout import (
-  clear_outputs,
-  write_complete_marker,
+  publish,
+  stage,
 )
 from maxtext_netdata.data.ripe import reference, shard_sort
 from maxtext_netdata.data.ripe import scan as ripe_scan
@@ -170,10 +170,8 @@ def ingest(
     ripe_scan.load()
   options = storage_options()
   entries = remote.expand_all(inputs, options)
-  os.makedirs(out_dir, exist_ok=True)
-  clear_outputs(out_dir)
   counts = reference.Counts()
-  runs_dir = tempfile.mkdtemp(prefix=".ingest-runs-", dir=out_dir)
+  runs_dir = stage(out_dir)  # the runs, then the shards: the earlier run's files stay meanwhile
   bar = tqdm.tqdm(
     total=sum(e.size for e in entries),
     unit="B",
@@ -198,15 +196,12 @@ def ingest(
         runs.append(shard_sort.write_run(buffer, runs_dir, len(runs)))
       pieces = shard_sort.merge(runs)
     buffer = []
-    paths = shard_sort.write_shards(out_dir, pieces, counts.rows, shard_count(shards, counts.rows))
+    staging = os.path.join(runs_dir, "shards")
+    os.makedirs(staging)
+    paths = shard_sort.write_shards(staging, pieces, counts.rows, shard_count(shards, counts.rows))
+    names = [os.path.basename(p) for p in paths]
+    paths = publish(staging, out_dir, names, marker(counts, sample, len(probes), inputs, paths))
     summary = Summary(counts, paths, time.perf_counter() - started, sample, len(probes))
-    write_complete_marker(out_dir, marker(counts, sample, len(probes), inputs, paths))
-  except BaseException:
-    # Without the marker this run's shards are no dataset; removed, they give back their
-    # space (a full disk) and cannot be taken for one.
-    with contextlib.suppress(OSError):
-      clear_outputs(out_dir)
-    raise
   finally:
     bar.close()
     shutil.rmtree(runs_dir, ignore_errors=True)

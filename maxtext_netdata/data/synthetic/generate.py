@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import time
 
@@ -29,8 +30,8 @@ import tqdm
 from maxtext_netdata.data.raw.layout import (
   FAILED_RTT,
   FILE_PATTERN,
-  clear_outputs,
-  write_complete_marker,
+  publish,
+  stage,
 )
 from maxtext_netdata.errors import UserError, WritesTo
 
@@ -324,7 +325,8 @@ def generate(
   as RIPE Atlas ping results, one JSON object a line (`_json_lines`), which `ingest` turns
   back into the parquet's rows (plus `prb_id`).
   Same (rows, shards, seed, fmt) -> byte-identical files. Files of an earlier run in
-  `out_dir` (this module's file names and marker) are replaced. Returns the file paths in
+  `out_dir` (this module's file names and marker) are replaced once this run's are whole
+  (`layout.publish`; a run that fails leaves them as they were). Returns the file paths in
   time order. Memory stays bounded whatever the size: a file is written in time slices of
   at most PIECE_ROWS rows. The progress bar on stderr shows for runs of at least a million
   rows when `progress`.
@@ -336,9 +338,7 @@ def generate(
     raise ValueError(f"need rows >= shards >= 1, got rows={rows}, shards={shards}")
   if fmt not in FORMATS:
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-  os.makedirs(out_dir, exist_ok=True)
-  clear_outputs(out_dir)
-
+  staging = stage(out_dir)  # the files of this run: an earlier run's stay until they are whole
   world = _World(world_rows or rows, np.random.default_rng(seed))
   per_shard = -(-rows // (shards * PIECE_ROWS))  # time slices per file
   pieces = shards * per_shard
@@ -349,8 +349,8 @@ def generate(
   )
   try:
     for shard in range(shards):
-      path = os.path.join(out_dir, pattern.format(shard, shards))
-      tmp = os.path.join(out_dir, f".tmp-{os.getpid()}-{os.path.basename(path)}")
+      path = os.path.join(out_dir, pattern.format(shard, shards))  # its name in errors
+      tmp = os.path.join(staging, os.path.basename(path))
       writer = None
       try:
         for piece in range(shard * per_shard, (shard + 1) * per_shard):
@@ -374,13 +374,10 @@ def generate(
         with WritesTo(path):
           writer.close()
         writer = None
-        os.replace(tmp, path)
       finally:
         if writer is not None:
           with contextlib.suppress(OSError):  # fails again on a full disk
             writer.close()
-        if os.path.exists(tmp):
-          os.remove(tmp)
       paths.append(path)
     bar.close()
     if carried:
@@ -393,14 +390,10 @@ def generate(
       "world_rows": world_rows or rows,
       "files": [os.path.basename(p) for p in paths],
     }
-    write_complete_marker(out_dir, summary)
   except BaseException:
-    # Without the marker the files written are no dataset; removed, they give back their
-    # space (a full disk) and cannot be taken for one.
-    with contextlib.suppress(OSError):
-      clear_outputs(out_dir)
+    shutil.rmtree(staging, ignore_errors=True)  # gives back its space (a full disk)
     raise
-  return paths
+  return publish(staging, out_dir, summary["files"], summary)
 
 
 def _open_writer(tmp: str, schema: pa.Schema, fmt: str):

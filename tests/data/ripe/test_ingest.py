@@ -20,7 +20,7 @@ from maxtext_netdata.data.prepare import prepare
 from maxtext_netdata.data.ripe.ingest import ingest
 from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.errors import DataError
-from tests.helpers.ripe_results import FIRMWARE_0, MODERN, T0
+from tests.helpers.ripe_results import FIRMWARE_0, MODERN, T0, folder_files
 from tests.helpers.s3 import s3_server
 
 SPEC_COLUMNS = ["msm_id", "event_time", "src_addr", "dst_addr", "ip_version", "rtt"]
@@ -167,8 +167,13 @@ def test_a_bad_line_is_one_error_line_naming_file_and_line(tmp_path, text, line,
   error = done.stderr.strip().splitlines()[-1]
   assert error.startswith(f"maxtext-netdata ingest: error: {path}: line {line}: "), error
   assert reason in error and "Traceback" not in done.stderr
-  assert not os.path.exists(tmp_path / "out" / ".complete")
-  assert not [n for n in os.listdir(tmp_path / "out") if n.startswith(".")]  # no leftovers
+  assert os.listdir(tmp_path / "out") == []  # no shard, no marker, no work folder left
+  # Into a folder holding an earlier run's dataset: that run's files stay as they were.
+  earlier = _cli("ingest", _write(tmp_path / "good.json", good), "--out", str(tmp_path / "out"))
+  assert earlier.returncode == 0, earlier.stderr
+  before = folder_files(tmp_path / "out")
+  assert _cli("ingest", path, "--out", str(tmp_path / "out")).returncode == 2
+  assert folder_files(tmp_path / "out") == before and ".complete" in before
 
   skipped = _cli("ingest", path, "--out", str(tmp_path / "out"), "--skip-bad")
   assert skipped.returncode == 0, skipped.stderr

@@ -15,7 +15,7 @@ from maxtext_netdata.data.ripe import decompress, shard_sort
 from maxtext_netdata.data.ripe import ingest as builtin
 from maxtext_netdata.data.ripe.sample import Sample
 from maxtext_netdata.data.synthetic.generate import generate
-from tests.helpers.ripe_results import FIRMWARE_0, MODERN
+from tests.helpers.ripe_results import FIRMWARE_0, MODERN, folder_files
 from tests.helpers.s3 import s3_server
 
 beam = pytest.importorskip("apache_beam")  # the `beam` extra (scripts/test.sh installs it)
@@ -66,17 +66,12 @@ def _inputs(folder, lines, bad_at=()) -> list[str]:
   return paths
 
 
-def _files(out_dir) -> dict[str, bytes]:
-  names = sorted(os.listdir(out_dir))
-  return {name: open(os.path.join(out_dir, name), "rb").read() for name in names}
-
-
 def _both(tmp_path, inputs, **kwargs):
   """The built-in runner's files (one run sorted in memory) and the Beam runner's (runs of
   1,000 rows a file, merged): the same bytes whatever the runs."""
   a = builtin.ingest(inputs, str(tmp_path / "builtin"), progress=False, **kwargs)
   b = beam_runner.ingest(inputs, str(tmp_path / "beam"), beam_args=DIRECT, run_rows=1_000, **kwargs)
-  return a, b, _files(tmp_path / "builtin"), _files(tmp_path / "beam")
+  return a, b, folder_files(tmp_path / "builtin"), folder_files(tmp_path / "beam")
 
 
 @pytest.mark.parametrize("shards", [0, 3])
@@ -148,7 +143,7 @@ def test_cli_passes_the_options_after_the_separator_to_beam(tmp_path, lines, cap
   assert "a bucket needs --runner beam" in capsys.readouterr().err
 
 
-def test_a_bucket_output_gets_the_builtin_files(tmp_path, lines, monkeypatch):
+def test_a_bucket_output_gets_the_builtinfolder_files(tmp_path, lines, monkeypatch):
   # s3:// (a local S3 server) as gs:// on Dataflow: runs, shards and marker through pyarrow.fs.
   inputs = _inputs(tmp_path / "in", lines)
   builtin.ingest(inputs, str(tmp_path / "builtin"), shards=2, progress=False)
@@ -163,12 +158,12 @@ def test_a_bucket_output_gets_the_builtin_files(tmp_path, lines, monkeypatch):
       for o in listed
       if not o["Key"].endswith("/")  # pyarrow's empty marker of a folder
     }
-  assert files == _files(tmp_path / "builtin")  # the earlier run's file gone, no work folder
+  assert files == folder_files(tmp_path / "builtin")  # the earlier run's file gone, no work folder
   assert summary.files == [f"s3://atlas/raw/{FILE_PATTERN.format(k, 2)}" for k in range(2)]
 
 
 @pytest.mark.slow  # the worker processes start in ~15 s
-def test_worker_processes_write_the_builtin_files(tmp_path, lines):
+def test_worker_processes_write_the_builtinfolder_files(tmp_path, lines):
   # Each file mapped in another process (pickled settings, runs in the shared folder).
   inputs = _inputs(tmp_path / "in", lines, bad_at=[(1, 9)])
   builtin.ingest(inputs, str(tmp_path / "builtin"), shards=2, skip_bad=True, progress=False)
@@ -176,7 +171,7 @@ def test_worker_processes_write_the_builtin_files(tmp_path, lines):
   summary = beam_runner.ingest(
     inputs, str(tmp_path / "beam"), beam_args=beam_args, shards=2, skip_bad=True, run_rows=1_000
   )
-  assert _files(tmp_path / "beam") == _files(tmp_path / "builtin")
+  assert folder_files(tmp_path / "beam") == folder_files(tmp_path / "builtin")
   assert summary.counts.bad_lines == 1
 
 
@@ -197,4 +192,4 @@ def test_cli_gives_beam_workers_the_decompress_threads(tmp_path, lines, monkeypa
   assert cli.main([*command, "--", *DIRECT]) == 0
   assert seen == [3]  # the one .bz2 input
   builtin.ingest(inputs, str(tmp_path / "builtin"), progress=False)
-  assert _files(out) == _files(tmp_path / "builtin")
+  assert folder_files(out) == folder_files(tmp_path / "builtin")
