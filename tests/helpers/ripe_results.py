@@ -1,8 +1,6 @@
 """RIPE Atlas ping results, one of each real shape, as the results API and dumps give them:
 what the ingest tests feed to `ingest` and to its compiled scanner."""
 
-import os
-
 T0 = 1_751_328_000
 
 # Firmware 4400 and later (a `result` list of packets), and a result of another type.
@@ -71,13 +69,3 @@ FIRMWARE_0 = [
   },  # fmt: skip
   {"type": "dns", "msm_id": 6001, "timestamp": T0, "result": {"rt": 5.1, "size": 40}},
 ]
-
-
-def folder_files(folder) -> dict[str, bytes]:
-  """Each file of `folder` (not its subfolders), name → bytes: an output folder, whole."""
-  names = sorted(os.listdir(folder))
-  out = {}
-  for name in names:
-    with open(os.path.join(folder, name), "rb") as f:
-      out[name] = f.read()
-  return out

@@ -20,7 +20,8 @@ from maxtext_netdata.data.prepare import prepare
 from maxtext_netdata.data.ripe.ingest import ingest
 from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.errors import DataError
-from tests.helpers.ripe_results import FIRMWARE_0, MODERN, T0, folder_files
+from tests.helpers import folder_files
+from tests.helpers.ripe_results import FIRMWARE_0, MODERN, T0
 from tests.helpers.s3 import s3_server
 
 SPEC_COLUMNS = ["msm_id", "event_time", "src_addr", "dst_addr", "ip_version", "rtt"]

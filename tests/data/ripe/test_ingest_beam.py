@@ -15,7 +15,8 @@ from maxtext_netdata.data.ripe import decompress, shard_sort
 from maxtext_netdata.data.ripe import ingest as builtin
 from maxtext_netdata.data.ripe.sample import Sample
 from maxtext_netdata.data.synthetic.generate import generate
-from tests.helpers.ripe_results import FIRMWARE_0, MODERN, folder_files
+from tests.helpers import folder_files
+from tests.helpers.ripe_results import FIRMWARE_0, MODERN
 from tests.helpers.s3 import s3_server
 
 beam = pytest.importorskip("apache_beam")  # the `beam` extra (scripts/test.sh installs it)

@@ -14,6 +14,7 @@ from maxtext_netdata import cli
 from maxtext_netdata.data.raw import reader
 from maxtext_netdata.data.synthetic import generate as generate_module
 from maxtext_netdata.data.synthetic.generate import generate
+from tests.helpers import folder_files
 
 
 def _table(files):
@@ -137,6 +138,25 @@ def test_marker_written_and_stale_shards_removed(tmp_path):
     marker = json.load(f)
   assert marker["rows"] == 3_000 and marker["files"] == [os.path.basename(p) for p in paths]
   assert sum(pq.read_metadata(p).num_rows for p in paths) == 3_000
+
+
+def test_a_run_that_fails_leaves_the_earlier_runs_files_as_they_were(tmp_path, monkeypatch):
+  out = str(tmp_path / "raw")
+  generate(out, rows=4_000, shards=4, progress=False)
+  before = folder_files(out)
+  made = generate_module._piece_table
+  calls = []
+
+  def failing(*args, **kwargs):  # the third time slice: two files written by then
+    calls.append(1)
+    if len(calls) == 3:
+      raise KeyboardInterrupt
+    return made(*args, **kwargs)
+
+  monkeypatch.setattr(generate_module, "_piece_table", failing)
+  with pytest.raises(KeyboardInterrupt):
+    generate(out, rows=3_000, shards=3, seed=5, progress=False)
+  assert folder_files(out) == before  # no file of the failed run, none of its folder
 
 
 def test_bad_sizes_are_rejected(tmp_path):
