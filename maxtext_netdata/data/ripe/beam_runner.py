@@ -21,8 +21,11 @@ the files, the sample's probes are the union of theirs.
 The run files and the result are written under a temporary folder in DIR (`.ingest-runs-*`,
 removed at the end), so DIR must be one that every worker and the launching process see:
 a local folder for the DirectRunner (the default); `gs://` / `s3://` (through `data.remote`'s
-pyarrow filesystems) or a shared mount for Dataflow, Flink or Spark. In a bucket each shard
-is written under its own name (an object appears whole when closed) and the marker last.
+pyarrow filesystems) or a shared mount for Dataflow, Flink or Spark. In a local folder the
+shards are written in the work folder and moved in place of an earlier run's once whole, as
+the built-in runner does (`layout.publish`: a run that fails leaves the earlier run's files);
+in a bucket, where a move is a copy, an earlier run's files are deleted first and each shard
+is written under its own name (an object appears whole when closed), the marker last.
 Inputs may be `gs://` / `s3://` as for the built-in runner.
 """
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -42,7 +46,7 @@ import pyarrow.fs as pafs
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from maxtext_netdata.data import beam_temp, remote
-from maxtext_netdata.data.raw.layout import COMPLETE_MARKER, clear_outputs, write_complete_marker
+from maxtext_netdata.data.raw.layout import COMPLETE_MARKER, publish
 from maxtext_netdata.data.ripe import ingest as builtin
 from maxtext_netdata.data.ripe import reference, shard_sort
 from maxtext_netdata.data.ripe import scan as ripe_scan
@@ -84,9 +88,9 @@ class _Output:
         self.filesystem.delete_dir(work_dir)
 
   def clear(self) -> None:
-    """The marker, then the shards, of an earlier run (`layout.clear_outputs`)."""
+    """In a bucket, the marker, then the shards, of an earlier run (`layout.clear_outputs`'s
+    names); nothing in a local folder, whose earlier files `publish` replaces."""
     if self.filesystem is None:
-      clear_outputs(self.path)
       return
     selector = pafs.FileSelector(self.path, allow_not_found=True)
     names = {info.base_name for info in self.filesystem.get_file_info(selector)}
@@ -111,11 +115,18 @@ class _Output:
     with self.filesystem.open_input_stream(path) as f:
       return json.loads(f.read())
 
-  def write_marker(self, content: dict) -> None:
+  def write_shards(self, work_dir: str, pieces, rows: int, files: int, content) -> list[str]:
+    """`shard_sort.write_shards` of `pieces`, then the marker of `content(paths)`: through
+    the work folder and `layout.publish` in a local folder, in place in a bucket."""
     if self.filesystem is None:
-      write_complete_marker(self.path, content)
-    else:
-      self.write_json(self.join(COMPLETE_MARKER), content)
+      staging = os.path.join(work_dir, "shards")
+      os.makedirs(staging, exist_ok=True)
+      paths = shard_sort.write_shards(staging, pieces, rows, files)
+      names = [os.path.basename(p) for p in paths]
+      return publish(staging, self.path, names, content(paths))
+    paths = shard_sort.write_shards(self.path, pieces, rows, files, self.filesystem)
+    self.write_json(self.join(COMPLETE_MARKER), content(paths))
+    return paths
 
 
 def ingest(
@@ -232,9 +243,11 @@ def _merge(reports: list[dict], options, out_dir, work_dir, inputs, shards, samp
     runs = [path for report in reports for path in report["runs"]]
     files = builtin.shard_count(shards, counts.rows)
     pieces = shard_sort.merge(runs, output.filesystem)
-    paths = shard_sort.write_shards(output.path, pieces, counts.rows, files, output.filesystem)
     probes = len(set().union(*(r["probes"] for r in reports))) if sample else 0
-    output.write_marker(builtin.marker(counts, sample, probes, inputs, paths))
+    paths = output.write_shards(
+      work_dir, pieces, counts.rows, files,
+      functools.partial(builtin.marker, counts, sample, probes, inputs),
+    )  # fmt: skip
     result = {
       "counts": dataclasses.asdict(counts),
       "files": [os.path.basename(p) for p in paths],

@@ -127,6 +127,11 @@ def test_a_bad_line_fails_the_cli_with_the_builtin_one_line_error(tmp_path, line
   assert beam_error.startswith(f"maxtext-netdata ingest: error: {inputs[2]}: line 40: a field")
   assert beam_error.count("\n") == 1
   assert os.listdir(tmp_path / "b") == []
+  # Into a folder holding an earlier run's dataset: that run's files stay as they were.
+  assert cli.main(["ingest", *inputs[:2], "--out", str(tmp_path / "b"), "--runner", "beam"]) == 0
+  before = folder_files(tmp_path / "b")
+  assert cli.main(["ingest", *inputs, "--out", str(tmp_path / "b"), "--runner", "beam"]) == 2
+  assert folder_files(tmp_path / "b") == before and ".complete" in before
 
 
 def test_cli_passes_the_options_after_the_separator_to_beam(tmp_path, lines, capsys, monkeypatch):
