@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import socket
 
@@ -203,9 +202,13 @@ def store_config(prepared_dir, files: list[str], *overrides: str) -> config.Conf
 
 
 def store_files(root: str) -> dict[str, bytes]:
-  """Every file of a store but the top summary (timings), by relative path."""
+  """Every file of a store but the top summary (timings), hidden ones and any in deeper
+  folders included, by relative path."""
   out = {}
-  for path in sorted(glob.glob(os.path.join(root, "*", "*"))):
-    with open(path, "rb") as f:
-      out[os.path.relpath(path, root)] = f.read()
-  return out
+  for folder, _, names in os.walk(root):
+    for name in names:
+      path = os.path.join(folder, name)
+      if path != os.path.join(root, "meta.json"):
+        with open(path, "rb") as f:
+          out[os.path.relpath(path, root)] = f.read()
+  return dict(sorted(out.items()))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import tempfile
 
 import apache_beam as beam
@@ -63,6 +64,7 @@ def runner(beam_args: list[str]):
       with open(os.path.join(reports_dir, name), encoding="utf-8") as f:
         one = json.load(f)
       report.add_file(one["uri"], reader.FileReport.from_json(one["report"]))
+    shutil.rmtree(reports_dir)  # read: no part of the store
     pieces = (
       sorted(os.path.join(pieces_dir, name) for name in os.listdir(pieces_dir))
       if os.path.isdir(pieces_dir)
