@@ -206,5 +206,6 @@ def iter_blocks(
 
 
 def _after(line: int) -> str:
-  """Where a read broke off, for its error: after the last whole line read, `line - 1`."""
+  """Where a read broke off, for its error: after the last line of the blocks read whole,
+  `line - 1` (the whole lines of the block that failed, if any, are not known)."""
   return "before its first line" if line <= 1 else f"after line {line - 1}"
