@@ -16,7 +16,10 @@ def add_arguments(parser) -> None:
   )
   parser.add_argument("--out", required=True, help="output folder for the parquet shards")
   parser.add_argument(
-    "--shards", type=int, default=0, help=f"parquet files (default, or 0: one per {SHARD_ROWS:,} rows)"
+    "--shards",
+    type=int,
+    default=0,
+    help=f"parquet files (default, or 0: one per {SHARD_ROWS:,} rows)",
   )
   parser.add_argument(
     "--skip-bad", action="store_true", help="skip and count bad lines instead of stopping"
