@@ -33,6 +33,8 @@ import os
 import re
 import signal
 import sys
+import threading
+from multiprocessing import resource_tracker
 
 import grain
 import grain.multiprocessing as grain_multiprocessing
@@ -213,6 +215,43 @@ def ignore_interrupt(worker_index: int, worker_count: int) -> None:
   """
   del worker_index, worker_count
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by `first_next`
+
+
+def first_next(iterator):
+  """`next(iterator)` in a thread of its own with SIGINT blocked, the caller waiting: the
+  first `next` of a Grain iterator with workers, which starts them.
+
+  A worker spends seconds importing before Grain calls `ignore_interrupt`; a Ctrl-C to the
+  process group then ended it with a KeyboardInterrupt, and the Grain thread spawning it
+  waited for ever to write the rest of the pickled pipeline into the pipe of the dead child
+  (CPython's spawn keeps the pipe's read end open until the write is done): the run hung
+  until the 60 s grace ended it (`signals.CLEANUP_GRACE_S`), leaking semaphores. Grain
+  spawns its workers from threads it makes in this first `next`; made from a thread that
+  blocks SIGINT, they block it too, and so do the workers they spawn, from their first
+  instruction until `ignore_interrupt`. The caller's wait is interruptible: Ctrl-C raises
+  there at once (the thread, a daemon, is left to the iterator's `close`). Python's resource
+  tracker is started first, here: starting it unblocks SIGINT in the thread that does
+  (`multiprocessing.resource_tracker.ensure_running`), which would be one of those threads.
+  """
+  resource_tracker.ensure_running()
+  outcome: list = []
+
+  def run() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+      outcome.append((True, next(iterator)))
+    except BaseException as e:  # raised again in the caller
+      outcome.append((False, e))
+
+  thread = threading.Thread(target=run, name="grain-first-next", daemon=True)
+  thread.start()
+  while thread.is_alive():
+    thread.join(0.1)
+  ok, value = outcome[0]
+  if not ok:
+    raise value
+  return value
 
 
 def start_worker(block_prefix: str, worker_index: int, worker_count: int) -> None:
@@ -322,6 +361,7 @@ class HostBatchIterator:
       "stream_order": plan_order.NAME if config.enable_data_shuffling else "store",
     }
     self._iterator = None
+    self._started = False  # the Grain iterator's first `next` done (`first_next`)
     self._blocks = worker_blocks.new_prefix()
 
   def __iter__(self):
@@ -339,7 +379,8 @@ class HostBatchIterator:
     if self._iterator is None:
       self.start_prefetch()
     try:
-      batch = next(self._iterator)
+      batch = next(self._iterator) if self._started else first_next(self._iterator)
+      self._started = True
     except StopIteration:
       raise
     except RuntimeError as e:
@@ -391,7 +432,7 @@ class HostBatchIterator:
   def close(self) -> None:
     if self._iterator is not None:
       self._iterator.close()
-      self._iterator = None
+      self._iterator, self._started = None, False
       release_shared_memory()
       # A block a worker made and never handed over, whatever stopped it: its registration
       # with the resource tracker would otherwise end the process with a "leaked

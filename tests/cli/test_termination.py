@@ -86,6 +86,42 @@ def test_sigterm_to_the_main_process_closes_its_workers(command, tmp_path, sampl
   assert f"maxtext-netdata {command[0]}: terminated (SIGTERM)" in err
 
 
+def _importing(pid: int) -> bool:
+  """Whether a worker has numpy mapped and not yet jaxlib: in the imports of its start, which
+  take seconds, before Grain's `worker_init_fn` runs."""
+  try:
+    with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+      maps = f.read()
+  except OSError:
+    return False
+  return "_multiarray_umath" in maps and "jaxlib" not in maps
+
+
+def test_ctrl_c_while_the_workers_start_ends_batches_at_once_and_quietly(
+  tmp_path, sample_dir, jax_cache
+):
+  """Ctrl-C to the process group as soon as the Grain workers exist, while they import (for
+  seconds): each once died of it with a traceback, and the thread spawning the other waited
+  for ever on its pipe (the run hung until the 60 s grace). The workers now start with SIGINT
+  blocked (`network_grain.first_next`): the command says it was interrupted, in one line."""
+  argv = [sys.executable, "-m", "maxtext_netdata", "batches", "configs/smoke.yml"]
+  shm = set(os.listdir("/dev/shm"))
+  proc = processes.start(
+    [*argv, "--steps", "1000000", *_overrides(sample_dir, tmp_path)], jax_cache
+  )
+  deadline = time.monotonic() + 180
+  while not any(_importing(pid) for pid in _worker_pids(proc)):
+    if proc.poll() is not None or time.monotonic() > deadline:
+      proc.kill()
+      pytest.fail(f"no worker started: {proc.communicate()[1][-2000:]}")
+    time.sleep(0.01)
+  os.killpg(proc.pid, signal.SIGINT)
+  code, _, err = processes.finish(proc, shm, timeout=45)
+  assert code == 128 + signal.SIGINT, err[-3000:]
+  assert err.strip().splitlines()[-1] == "maxtext-netdata batches: interrupted", err[-3000:]
+  assert "Traceback" not in err and "leaked" not in err, err[-3000:]
+
+
 def test_a_killed_worker_ends_batches_with_one_line_and_leaves_no_block(
   tmp_path, sample_dir, jax_cache
 ):
