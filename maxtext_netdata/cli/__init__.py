@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import importlib
 import importlib.metadata
 import os
@@ -196,7 +197,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"maxtext-netdata {args.command}: error: {_write_failure_line(e)}", file=sys.stderr)
     return 2
   except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as signals.Terminated
-    return signals.ended(f"maxtext-netdata {args.command}", e)
+    status = signals.ended(f"maxtext-netdata {args.command}", e)
+  _release_worker_blocks()  # the exception and the batches its frames held are gone now
+  return status
+
+
+def _release_worker_blocks() -> None:
+  """Unlinks the /dev/shm blocks of the Grain batches an interrupted command still held.
+
+  Grain unlinks a worker's block on a thread of its own when the array over it is garbage;
+  the arrays in the frames of the interrupt's traceback (a batch being received when SIGTERM
+  reached the whole process group, as Slurm sends it) become garbage only once the exception
+  is handled, right before the process exits, and their unlinks were left to Python's
+  resource tracker: "There appear to be 6 leaked shared_memory objects". Collected and waited
+  for here; nothing to do where no Grain pipeline was imported.
+  """
+  network_grain = sys.modules.get("maxtext_netdata.input_pipeline.network_grain")
+  if network_grain is not None:
+    gc.collect()
+    network_grain.release_shared_memory()
 
 
 if __name__ == "__main__":

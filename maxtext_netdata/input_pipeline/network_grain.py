@@ -53,6 +53,8 @@ from maxtext_netdata.input_pipeline.transforms import ShiftData
 _WORKER_BASE_MB = 160
 
 POSITION_FORMAT = "netdata-position-1"
+# Signals a worker process starts with blocked, until `ignore_interrupt` (`first_next`).
+STARTUP_BLOCKED = frozenset({signal.SIGINT, signal.SIGTERM})
 # The longest `release_shared_memory` waits for Grain's unlinks (each takes microseconds).
 RELEASE_WAIT_S = 5.0
 
@@ -215,30 +217,32 @@ def ignore_interrupt(worker_index: int, worker_count: int) -> None:
   """
   del worker_index, worker_count
   signal.signal(signal.SIGINT, signal.SIG_IGN)
-  signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by `first_next`
+  # Blocked by `first_next`: a SIGTERM pending since then ends the worker now, its pipeline
+  # read whole, before it makes a block.
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, STARTUP_BLOCKED)
 
 
 def first_next(iterator):
-  """`next(iterator)` in a thread of its own with SIGINT blocked, the caller waiting: the
-  first `next` of a Grain iterator with workers, which starts them.
+  """`next(iterator)` in a thread of its own with SIGINT and SIGTERM blocked, the caller
+  waiting: the first `next` of a Grain iterator with workers, which starts them.
 
-  A worker spends seconds importing before Grain calls `ignore_interrupt`; a Ctrl-C to the
-  process group then ended it with a KeyboardInterrupt, and the Grain thread spawning it
-  waited for ever to write the rest of the pickled pipeline into the pipe of the dead child
-  (CPython's spawn keeps the pipe's read end open until the write is done): the run hung
-  until the 60 s grace ended it (`signals.CLEANUP_GRACE_S`), leaking semaphores. Grain
+  A worker spends seconds importing before Grain calls `ignore_interrupt`; a Ctrl-C (or a
+  SIGTERM, as Slurm sends it) to the process group then ended it, and the Grain thread
+  spawning it waited for ever to write the rest of the pickled pipeline into the pipe of the
+  dead child (CPython's spawn keeps the pipe's read end open until the write is done): the run
+  hung until the 60 s grace ended it (`signals.CLEANUP_GRACE_S`), leaking semaphores. Grain
   spawns its workers from threads it makes in this first `next`; made from a thread that
-  blocks SIGINT, they block it too, and so do the workers they spawn, from their first
+  blocks both signals, they block them too, and so do the workers they spawn, from their first
   instruction until `ignore_interrupt`. The caller's wait is interruptible: Ctrl-C raises
   there at once (the thread, a daemon, is left to the iterator's `close`). Python's resource
-  tracker is started first, here: starting it unblocks SIGINT in the thread that does
+  tracker is started first, here: starting it unblocks both signals in the thread that does
   (`multiprocessing.resource_tracker.ensure_running`), which would be one of those threads.
   """
   resource_tracker.ensure_running()
   outcome: list = []
 
   def run() -> None:
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    signal.pthread_sigmask(signal.SIG_BLOCK, STARTUP_BLOCKED)
     try:
       outcome.append((True, next(iterator)))
     except BaseException as e:  # raised again in the caller
