@@ -161,6 +161,7 @@ class Checkpoints:
     step = self.manager.latest_step()
     if step is None:
       return None
+    _check_arrays(self.directory / str(step), abstract_state)
     restored = self.manager.restore(
       step,
       args=ocp.args.Composite(
@@ -212,8 +213,7 @@ def load_params(path: str, abstract_state: Any, option: str = "load_parameters_p
   may be relative), restored with the shapes, dtypes and shardings of `abstract_state`, the
   state of this run's model and optimizer. Anything else is a ConfigError naming the path
   after `option` (the key or flag that gave it)."""
-  # Absolute: Orbax's metadata of a relative path holds no items (orbax-checkpoint 0.12).
-  target = epath.Path(path if "://" in path else os.path.abspath(path))
+  target = _absolute(path)
   if (target / STATE_ITEM).is_dir():
     target = target / STATE_ITEM
   path = f"{option}{path}"
@@ -223,24 +223,15 @@ def load_params(path: str, abstract_state: Any, option: str = "load_parameters_p
     # Shapes first, from the metadata: a restore of arrays of other shapes fails only in
     # TensorStore's reads, whose errors outlive the call. (Orbax logs a warning that the
     # step's metadata file is not in the items folder: it is one folder up.)
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)
     try:
-      saved = _param_shapes(checkpointer.metadata(target).item_metadata)
+      saved = _leaf_shapes(_item_metadata(checkpointer, target), "params")
     except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
       raise ConfigError(f"{path}: not a checkpoint ({first_line(e)})") from None
-    finally:
-      absl_logger.setLevel(level)
     if not saved:
       raise ConfigError(f"{path}: not a checkpoint (no parameters in it)")
-    wanted = _param_shapes(abstract_state)
-    if saved != wanted:
-      where = sorted(set(saved) ^ set(wanted)) or [k for k in wanted if saved[k] != wanted[k]]
-      raise ConfigError(
-        f"{path}: not the parameters of this model ({where[0]}:"
-        f" {saved.get(where[0], 'absent')} saved, {wanted.get(where[0], 'absent')} here)"
-      )
+    differs = _first_difference(saved, _leaf_shapes(abstract_state, "params"))
+    if differs:
+      raise ConfigError(f"{path}: not the parameters of this model ({differs})")
     try:
       state = checkpointer.restore(target, abstract_state)
     except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
@@ -250,13 +241,71 @@ def load_params(path: str, abstract_state: Any, option: str = "load_parameters_p
   return state["params"]
 
 
-def _param_shapes(tree: Any) -> dict[str, tuple]:
-  """{path: (shape, dtype)} of the leaves under `params` of a state or its saved metadata."""
+def _absolute(path) -> epath.Path:
+  """A local checkpoint path made absolute (Orbax's metadata of a relative path holds no
+  items, orbax-checkpoint 0.12); a bucket's as it is."""
+  path = str(path)
+  return epath.Path(path if "://" in path else os.path.abspath(path))
+
+
+def _item_metadata(checkpointer: ocp.StandardCheckpointer, target: epath.Path) -> Any:
+  """The saved tree of array metadata of state item folder `target`. (Orbax logs a warning
+  that the step's metadata file is not in the items folder: it is one folder up.)"""
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    return checkpointer.metadata(target).item_metadata
+  finally:
+    absl_logger.setLevel(level)
+
+
+def _check_arrays(step_dir: epath.Path, abstract_state: Any) -> None:
+  """A ConfigError naming checkpoint `step_dir` when its state's arrays are not those of
+  `abstract_state` (a run resumed with another model, optimizer or layer layout), where
+  Orbax's restore fails with a long traceback. Metadata that cannot be read is left to the
+  restore's own error."""
+  with ocp.StandardCheckpointer() as checkpointer:
+    try:
+      saved = _leaf_shapes(_item_metadata(checkpointer, _absolute(step_dir / STATE_ITEM)))
+    except (ValueError, KeyError, TypeError, FileNotFoundError):
+      return
+  differs = _first_difference(saved, _leaf_shapes(abstract_state)) if saved else ""
+  if differs:
+    raise ConfigError(
+      f"{step_dir}: the train state of another model or optimizer ({differs}): resume with the"
+      " config it was saved with, or start another run_name (load_parameters_path=... takes"
+      " a checkpoint's parameters into a new run of the same model)"
+    )
+
+
+def _leaf_shapes(tree: Any, under: str | None = None) -> dict[str, tuple]:
+  """{path: (shape, dtype)} of the leaves of a state or its saved metadata (those under key
+  `under` only, when given), each path as `a/b/0/c`: the saved metadata has dict keys where
+  the state has optax's named tuples (`count` a field there, a key here)."""
   return {
-    jax.tree_util.keystr(path): (tuple(leaf.shape), str(leaf.dtype))
+    "/".join(_key_name(k) for k in path): (tuple(leaf.shape), str(leaf.dtype))
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
-    if path and getattr(path[0], "key", None) == "params"
+    if under is None or (path and _key_name(path[0]) == under)
   }
+
+
+def _key_name(key: Any) -> str:
+  """A tree path entry's name: a dict key, an attribute or a sequence index."""
+  for attribute in ("key", "name", "idx"):
+    if hasattr(key, attribute):
+      return str(getattr(key, attribute))
+  return str(key)
+
+
+def _first_difference(saved: dict, wanted: dict) -> str:
+  """The first array of two `_leaf_shapes` that differs, as `path: X saved, Y here`; "" if
+  none."""
+  where = sorted(set(saved) ^ set(wanted)) or [k for k in wanted if saved[k] != wanted[k]]
+  if not where:
+    return ""
+  where.sort(key=lambda k: not k.startswith("params/"))  # a parameter's, where one differs
+  return f"{where[0]}: {saved.get(where[0], 'absent')} saved, {wanted.get(where[0], 'absent')} here"
 
 
 def _os_error(error: BaseException) -> OSError | None:

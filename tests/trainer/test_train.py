@@ -453,8 +453,13 @@ def test_a_new_run_starts_from_another_runs_parameters(tmp_path):
     tmp_path, "run_name=fifth", "steps=1", "base_emb_dim=128",
     f"load_parameters_path={tmp_path}/first/checkpoints/2",
   )  # fmt: skip
-  with pytest.raises(ConfigError, match=r"not the parameters of this model \(\['params'\]"):
+  with pytest.raises(ConfigError, match=r"not the parameters of this model \(params/"):
     _run(wider)
+  # The run itself resumed with another model, optimizer or layer layout: one line naming
+  # its checkpoint and the first array that differs (Orbax's own error is a long traceback).
+  for other in ("base_emb_dim=128", "scan_layers=true", "optimizer_flatten=true"):
+    with pytest.raises(ConfigError, match=r"first/checkpoints/2: the train state of another"):
+      _run(_config(tmp_path, "run_name=first", "steps=3", "eval_interval=-1", other))
 
 
 def _profiled(run_dir, first_step: int) -> tuple[list[int], list[str]]:
