@@ -22,6 +22,7 @@ import gc
 import importlib
 import importlib.metadata
 import os
+import signal
 import sys
 from typing import NamedTuple
 
@@ -191,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
   except (DataError, ConfigError, UserError) as e:
     print(f"maxtext-netdata {args.command}: error: {e}", file=sys.stderr)
     return 2
+  except BrokenPipeError:  # `maxtext-netdata batches ... | head`: the reader has gone
+    # Python would flush stdout again at exit and print the same error: point it at nothing.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE  # the status of a command a closed pipe ended
   except OSError as e:
     if e.errno not in _WRITE_ERRNOS:
       raise

@@ -109,6 +109,22 @@ def test_sigterm_to_the_process_group_leaves_no_block_to_the_resource_tracker(
     assert "leaked" not in err, f"after {delay} s: {err[-2000:]}"
 
 
+def test_a_reader_that_stops_ends_batches_quietly(tmp_path, sample_dir, jax_cache):
+  """`maxtext-netdata batches ... | head -2`: the pipe closes under the command, which ends
+  with a closed pipe's status (141) and nothing on stderr but the store's progress, its
+  workers closed (it printed a BrokenPipeError traceback, twice)."""
+  argv = [sys.executable, "-m", "maxtext_netdata", "batches", "configs/smoke.yml"]
+  shm = set(os.listdir("/dev/shm"))
+  proc = processes.start(
+    [*argv, "--steps", "1000000", *_overrides(sample_dir, tmp_path)], jax_cache
+  )
+  assert [proc.stdout.readline().split()[0] for _ in range(2)] == ["step", "step"]
+  proc.stdout.close()
+  code, _, err = processes.finish(proc, shm, timeout=60)
+  assert code == 128 + signal.SIGPIPE, err[-2000:]
+  assert "Traceback" not in err and "Error" not in err, err[-2000:]
+
+
 def _importing(pid: int) -> bool:
   """Whether a worker has numpy mapped and not yet jaxlib: in the imports of its start, which
   take seconds, before Grain's `worker_init_fn` runs."""
