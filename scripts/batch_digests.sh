@@ -9,6 +9,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CHECKOUT="$(cd "${1:-$ROOT}" && pwd)"
 WORK="${2:-/tmp/netdata-batch-digests}"
+if [ -z "${PYTHON:-}" ] && [ ! -x "$ROOT/.venv/bin/python" ]; then
+  # shellcheck source=scripts/setup_env.sh
+  source "$ROOT/scripts/setup_env.sh" "" >&2  # a fresh clone: .venv set up first, as run.sh does
+fi
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 export JAX_PLATFORMS=cpu PYTHONPATH="$CHECKOUT"
 cd "$CHECKOUT"
