@@ -17,21 +17,10 @@ from maxtext_netdata.data.prepare import merge, prepare, summary_text
 from maxtext_netdata.errors import ConfigError, DataError
 from tests.data.prepare.test_partition import _prepare_process, _wait_stopped
 from tests.data.prepare.test_prepare import good_table, make_config, with_column
+from tests.helpers.pipeline import store_files
 
 # 256 MiB: the smallest budget, 65,536-row batches, so each merge here takes several.
 SMALL = "network_prepare_memory_mb=256"
-
-
-def tree(root: str) -> dict:
-  """Every file of a store but its summary (speed, memory, paths), path → bytes."""
-  out = {}
-  for folder, _, names in os.walk(root):
-    for name in names:
-      path = os.path.join(folder, name)
-      if path != os.path.join(root, "meta.json"):
-        with open(path, "rb") as f:
-          out[os.path.relpath(path, root)] = f.read()
-  return out
 
 
 COUNTS = (
@@ -48,7 +37,7 @@ COUNTS = (
 
 def assert_same_store(appended, full):
   assert appended.summary["fingerprint"] == full.summary["fingerprint"]
-  a, b = tree(appended.summary["path"]), tree(full.summary["path"])
+  a, b = store_files(appended.summary["path"]), store_files(full.summary["path"])
   assert sorted(a) == sorted(b)
   different = [name for name in sorted(a) if a[name] != b[name]]
   assert not different, different

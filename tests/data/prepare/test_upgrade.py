@@ -11,8 +11,9 @@ import pytest
 
 from maxtext_netdata.data.prepare import naming, prepare, summary_text, upgrade
 from maxtext_netdata.data.store import store
-from tests.data.prepare.test_append import assert_same_store, tree
+from tests.data.prepare.test_append import assert_same_store
 from tests.data.prepare.test_prepare import make_config
+from tests.helpers.pipeline import store_files
 
 
 def as_format_3(splits, prepared_dir, config, seconds=None) -> str:
@@ -113,10 +114,10 @@ def test_a_format_3_store_with_a_time_format_4_does_not_keep_is_built_anew(
     return array
 
   old = as_format_3(full, tmp_path / "prep", cfg, seconds=before_1970)
-  kept = {name: os.stat(os.path.join(old, name)).st_mtime_ns for name in tree(old)}
+  kept = {name: os.stat(os.path.join(old, name)).st_mtime_ns for name in store_files(old)}
   built = prepare.prepare(cfg, progress=True)  # the raw files, read again: their rows
   # Nothing written into the old store's files (through a link the conversion left).
-  assert {name: os.stat(os.path.join(old, name)).st_mtime_ns for name in tree(old)} == kept
+  assert {name: os.stat(os.path.join(old, name)).st_mtime_ns for name in store_files(old)} == kept
   assert "converted_from" not in built.summary
   assert_same_store(built, full)
   err = capsys.readouterr().err
