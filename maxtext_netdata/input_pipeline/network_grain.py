@@ -138,6 +138,11 @@ def make_dataset(
   return grain.MapDataset.range(length).map(BuildBatch(builder, lo, hi, shifted))
 
 
+def _workers(config, builder: BatchBuilder, lo: int, hi: int, in_process: bool) -> int:
+  """The worker processes `make_iterator` starts for host rows [lo, hi)."""
+  return 0 if in_process else worker_count(config, host_batch_bytes(hi - lo, builder.seq_len))
+
+
 def make_iterator(
   config,
   builder: BatchBuilder,
@@ -154,8 +159,7 @@ def make_iterator(
   `start_prefetch`), which name their /dev/shm blocks with `block_prefix` (by default a new
   one: `worker_blocks`). In-process without read threads, a `SynchronousIterator` of the same
   batches."""
-  batch_bytes = host_batch_bytes(hi - lo, builder.seq_len)
-  workers = 0 if in_process else worker_count(config, batch_bytes)
+  workers = _workers(config, builder, lo, hi, in_process)
   if workers == 0 and config.grain_num_threads == 0:
     return SynchronousIterator(BuildBatch(builder, lo, hi, shifted=True), start, num_steps)
   dataset = make_dataset(builder, lo, hi, num_steps, shifted=workers == 0)
@@ -383,7 +387,10 @@ class HostBatchIterator:
     if self._iterator is None:
       self.start_prefetch()
     try:
-      batch = next(self._iterator) if self._started else first_next(self._iterator)
+      if self._started or not _workers(*self._args[:4], self._in_process):
+        batch = next(self._iterator)
+      else:  # the first `next` of an iterator with workers starts them
+        batch = first_next(self._iterator)
       self._started = True
     except StopIteration:
       raise
