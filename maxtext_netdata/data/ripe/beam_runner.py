@@ -121,7 +121,7 @@ class _Output:
     if self.filesystem is None:
       staging = os.path.join(work_dir, "shards")
       os.makedirs(staging, exist_ok=True)
-      paths = shard_sort.write_shards(staging, pieces, rows, files)
+      paths = shard_sort.write_shards(staging, pieces, rows, files, shown_dir=self.path)
       names = [os.path.basename(p) for p in paths]
       return publish(staging, self.path, names, content(paths))
     paths = shard_sort.write_shards(self.path, pieces, rows, files, self.filesystem)

@@ -198,7 +198,8 @@ def ingest(
     buffer = []
     staging = os.path.join(runs_dir, "shards")
     os.makedirs(staging)
-    paths = shard_sort.write_shards(staging, pieces, counts.rows, shard_count(shards, counts.rows))
+    files = shard_count(shards, counts.rows)
+    paths = shard_sort.write_shards(staging, pieces, counts.rows, files, shown_dir=out_dir)
     names = [os.path.basename(p) for p in paths]
     paths = publish(staging, out_dir, names, marker(counts, sample, len(probes), inputs, paths))
     summary = Summary(counts, paths, time.perf_counter() - started, sample, len(probes))

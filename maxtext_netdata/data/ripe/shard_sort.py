@@ -38,10 +38,13 @@ class ShardWriter:
 
   A local file is written under a temporary name and renamed; with a `filesystem` (a bucket's,
   `out_dir` a path in it) each file is written under its name: an object appears when closed.
+  A failed write names the file in `shown_dir` (default `out_dir`): the folder the files are
+  for, where `out_dir` is a staging folder inside it (`layout.stage`).
   """
 
-  def __init__(self, out_dir: str, rows: int, shards: int, filesystem=None):
+  def __init__(self, out_dir: str, rows: int, shards: int, filesystem=None, shown_dir=None):
     self.out_dir, self.shards, self.filesystem = out_dir, shards, filesystem
+    self.shown_dir = shown_dir or out_dir
     self.ends = [rows * (k + 1) // shards for k in range(shards)]
     self.paths: list[str] = []
     self.writer, self.tmp, self.written = None, None, 0
@@ -82,12 +85,13 @@ class ShardWriter:
           filesystem=self.filesystem,
         )
       room = self.ends[len(self.paths) - 1] - self.written
-      with WritesTo(self.paths[-1]):
+      shown = os.path.join(self.shown_dir, os.path.basename(self.paths[-1]))
+      with WritesTo(shown):
         self.writer.write_table(table.slice(0, room), row_group_size=ROW_GROUP_SIZE)
       self.written += min(room, table.num_rows)
       table = table.slice(room)
       if self.written == self.ends[len(self.paths) - 1]:
-        with WritesTo(self.paths[-1]):
+        with WritesTo(shown):
           self.writer.close()
         if self.filesystem is None:
           os.replace(self.tmp, self.paths[-1])
@@ -208,11 +212,14 @@ def gather_runs(
   return buffer
 
 
-def write_shards(out_dir: str, pieces, rows: int, shards: int, filesystem=None) -> list:
+def write_shards(
+  out_dir: str, pieces, rows: int, shards: int, filesystem=None, shown_dir=None
+) -> list:
   """`pieces`, tables of `rows` rows in all in time order (`merge` of the runs, or one sorted
   table), written as `shards` files in `out_dir` (a path of `filesystem` when given, for a
-  bucket); a file being written when this fails is removed."""
-  writer = ShardWriter(out_dir, rows, shards, filesystem)
+  bucket; errors name them in `shown_dir`, `ShardWriter`); a file being written when this
+  fails is removed."""
+  writer = ShardWriter(out_dir, rows, shards, filesystem, shown_dir)
   try:
     for piece in pieces:
       writer.write(piece)
