@@ -369,6 +369,7 @@ class HostBatchIterator:
       "stream_order": plan_order.NAME if config.enable_data_shuffling else "store",
     }
     self._iterator = None
+    self._spawns = _workers(config, builder, lo, hi, in_process) > 0  # worker processes
     self._started = False  # the Grain iterator's first `next` done (`first_next`)
     self._blocks = worker_blocks.new_prefix()
 
@@ -387,7 +388,7 @@ class HostBatchIterator:
     if self._iterator is None:
       self.start_prefetch()
     try:
-      if self._started or not _workers(*self._args[:4], self._in_process):
+      if self._started or not self._spawns:
         batch = next(self._iterator)
       else:  # the first `next` of an iterator with workers starts them
         batch = first_next(self._iterator)

@@ -46,7 +46,7 @@ import pyarrow.fs as pafs
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from maxtext_netdata.data import beam_temp, remote
-from maxtext_netdata.data.raw.layout import COMPLETE_MARKER, publish
+from maxtext_netdata.data.raw.layout import COMPLETE_MARKER
 from maxtext_netdata.data.ripe import ingest as builtin
 from maxtext_netdata.data.ripe import reference, shard_sort
 from maxtext_netdata.data.ripe import scan as ripe_scan
@@ -119,11 +119,7 @@ class _Output:
     """`shard_sort.write_shards` of `pieces`, then the marker of `content(paths)`: through
     the work folder and `layout.publish` in a local folder, in place in a bucket."""
     if self.filesystem is None:
-      staging = os.path.join(work_dir, "shards")
-      os.makedirs(staging, exist_ok=True)
-      paths = shard_sort.write_shards(staging, pieces, rows, files, shown_dir=self.path)
-      names = [os.path.basename(p) for p in paths]
-      return publish(staging, self.path, names, content(paths))
+      return shard_sort.publish_shards(work_dir, self.path, pieces, rows, files, content)
     paths = shard_sort.write_shards(self.path, pieces, rows, files, self.filesystem)
     self.write_json(self.join(COMPLETE_MARKER), content(paths))
     return paths

@@ -26,6 +26,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import os
 import shutil
 import time
@@ -36,10 +37,7 @@ import tqdm
 from maxtext_netdata.config import iso_seconds
 from maxtext_netdata.config import load as load_config
 from maxtext_netdata.data import remote
-from maxtext_netdata.data.raw.layout import (
-  publish,
-  stage,
-)
+from maxtext_netdata.data.raw.layout import stage
 from maxtext_netdata.data.ripe import reference, shard_sort
 from maxtext_netdata.data.ripe import scan as ripe_scan
 from maxtext_netdata.data.ripe.arguments import SHARD_ROWS
@@ -196,12 +194,10 @@ def ingest(
         runs.append(shard_sort.write_run(buffer, runs_dir, len(runs)))
       pieces = shard_sort.merge(runs)
     buffer = []
-    staging = os.path.join(runs_dir, "shards")
-    os.makedirs(staging)
-    files = shard_count(shards, counts.rows)
-    paths = shard_sort.write_shards(staging, pieces, counts.rows, files, shown_dir=out_dir)
-    names = [os.path.basename(p) for p in paths]
-    paths = publish(staging, out_dir, names, marker(counts, sample, len(probes), inputs, paths))
+    paths = shard_sort.publish_shards(
+      runs_dir, out_dir, pieces, counts.rows, shard_count(shards, counts.rows),
+      functools.partial(marker, counts, sample, len(probes), inputs),
+    )  # fmt: skip
     summary = Summary(counts, paths, time.perf_counter() - started, sample, len(probes))
   finally:
     bar.close()

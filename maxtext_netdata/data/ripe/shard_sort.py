@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from maxtext_netdata.data.raw.layout import FILE_PATTERN, ROW_GROUP_SIZE
+from maxtext_netdata.data.raw.layout import FILE_PATTERN, ROW_GROUP_SIZE, publish
 from maxtext_netdata.data.ripe import reference
 from maxtext_netdata.data.ripe.sample import probe_keys
 from maxtext_netdata.errors import WritesTo
@@ -226,3 +226,14 @@ def write_shards(
     return writer.close()
   finally:
     writer.abort()
+
+
+def publish_shards(work_dir: str, out_dir: str, pieces, rows: int, shards: int, content) -> list:
+  """`write_shards` into a new folder of `work_dir` (the run's own inside local folder
+  `out_dir`, `layout.stage`), then those files moved into `out_dir` in place of an earlier
+  run's, with the marker of JSON `content(paths)` last (`layout.publish`): their paths."""
+  staging = os.path.join(work_dir, "shards")
+  os.makedirs(staging)
+  paths = write_shards(staging, pieces, rows, shards, shown_dir=out_dir)
+  names = [os.path.basename(p) for p in paths]
+  return publish(staging, out_dir, names, content(paths))
