@@ -15,7 +15,7 @@ import math
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, create_model
+from pydantic import BeforeValidator, Field, ValidationError, create_model
 
 from maxtext_netdata import config as netdata_config
 from maxtext_netdata.errors import UserError
@@ -99,12 +99,15 @@ def _make_config_class(types):
 
 
 def _default_config_class(original, config_class):
-  """`original` with `config_class` as default; MaxText's unknown-key error made one line."""
+  """`original` with `config_class` as default; MaxText's refusals (an unknown key, a value of
+  the wrong type or range) made one line, not pydantic's traceback."""
 
   @functools.wraps(original)
   def initialize(argv=None, config_class=config_class, **kwargs):
     try:
       return original(argv, config_class=config_class, **kwargs)
+    except ValidationError as e:
+      raise MaxTextPluginError(validation_message(e)) from None
     except ValueError as e:
       # MaxText lists all of its ~1000 keys after the unknown one; name the closest instead.
       unknown = re.match(r"'(\w+)' not in ", str(e))
@@ -115,6 +118,27 @@ def _default_config_class(original, config_class):
       ) from None
 
   return initialize
+
+
+def validation_message(error: ValidationError) -> str:
+  """pydantic's refusal of a MaxText config in one line: the first error's key, its value and
+  pydantic's words ("MaxText config: steps='abc' should be a valid integer, ...")."""
+  errors = error.errors(include_url=False)
+  first = errors[0]
+  key = ".".join(str(part) for part in first["loc"])
+  value = repr(first.get("input"))
+  value = value if len(value) <= 80 else value[:77] + "..."
+  if first["type"] == "value_error":  # a validator's own words, without pydantic's prefix
+    words = str(first["ctx"]["error"])
+  else:
+    words = first["msg"].replace("Input should", "should")
+  words = " ".join(words.split())
+  more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+  # A model-wide check has no key, and its input is the whole config: its words alone; so
+  # are words that name the key and value themselves.
+  if key and not words.startswith(f"{key}="):
+    words = f"{key}={value} {words}"
+  return f"MaxText config: {words}{more}"
 
 
 def network_config(maxtext_config) -> netdata_config.Config:

@@ -46,7 +46,34 @@ def test_a_relative_output_directory_is_made_absolute(tmp_path, in_yaml, overrid
 def test_a_bad_override_is_one_line_before_maxtexts_trainer_starts(override, message):
   # MaxText's config check logs every key it knows before it fails: it did not run when stderr
   # ends in the one line and holds no such log.
-  result = subprocess.run(
+  result = _maxtext_train(override)
+  assert result.returncode == 2
+  assert result.stderr.splitlines()[-1] == f"maxtext-netdata maxtext-train: error: {message}"
+  assert "MAXTEXT CONFIG ERROR" not in result.stderr
+
+
+def test_a_value_maxtext_refuses_ends_in_one_line_not_a_traceback():
+  # The type is MaxText's to check (its config, its parsing of the value): its log of the
+  # error stays, pydantic's traceback goes.
+  result = _maxtext_train("steps=abc")
+  assert result.returncode == 2
+  assert result.stderr.splitlines()[-1] == (
+    "maxtext-netdata maxtext-train: error: MaxText config: steps='abc' should be a valid"
+    " integer, unable to parse string as an integer"
+  )
+  assert "Traceback" not in result.stderr
+
+
+def test_override_keys_are_checked_as_leniently_as_maxtext_does():
+  fields = maxtext_plugin.install().model_fields
+  # Top-level keys, ours among them, keys of nested models (LoRA's), dotted keys: all pass.
+  train.check_keys(["steps", "network_split", "lora_rank", "lora.lora_rank"], fields)
+  with pytest.raises(MaxTextPluginError, match="unknown config key 'lora_rnak'"):
+    train.check_keys(["steps", "lora_rnak"], fields)
+
+
+def _maxtext_train(override: str) -> subprocess.CompletedProcess:
+  return subprocess.run(
     [
       sys.executable,
       "-m",
@@ -62,14 +89,3 @@ def test_a_bad_override_is_one_line_before_maxtexts_trainer_starts(override, mes
     text=True,
     timeout=120,
   )
-  assert result.returncode == 2
-  assert result.stderr.splitlines()[-1] == f"maxtext-netdata maxtext-train: error: {message}"
-  assert "MAXTEXT CONFIG ERROR" not in result.stderr
-
-
-def test_override_keys_are_checked_as_leniently_as_maxtext_does():
-  fields = maxtext_plugin.install().model_fields
-  # Top-level keys, ours among them, keys of nested models (LoRA's), dotted keys: all pass.
-  train.check_keys(["steps", "network_split", "lora_rank", "lora.lora_rank"], fields)
-  with pytest.raises(MaxTextPluginError, match="unknown config key 'lora_rnak'"):
-    train.check_keys(["steps", "lora_rnak"], fields)
