@@ -9,6 +9,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]  # the repository root: configs/, scripts/, docs/
 
 
+def killed_runs_leftovers(out) -> None:
+  """What a run of `ingest` or `generate` SIGKILLed while writing folder `out` leaves in it:
+  its staging folder, holding a file, and its lock file (`data.raw.layout.staged`)."""
+  os.makedirs(out / ".staging-killed")
+  (out / ".staging-killed" / "pings-00000-of-00001.parquet").write_bytes(b"PAR1")
+  (out / ".writing").touch()
+
+
 def folder_files(folder) -> dict[str, bytes]:
   """Each file of an output folder, name → bytes (a subfolder left in it is an error)."""
   out = {}

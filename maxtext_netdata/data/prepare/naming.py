@@ -6,15 +6,13 @@ process at a time builds the store of a name (`builder_lock`)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import sys
 
-from maxtext_netdata.data import remote
+from maxtext_netdata.data import file_lock, remote
 from maxtext_netdata.data.prepare import append, local_runner
 from maxtext_netdata.data.store import store
 
@@ -79,34 +77,12 @@ def recut_key(config, eval_files: list[remote.FileEntry]):
   return lambda fraction: content_key(config.replace(network_test_fraction=fraction), eval_files)
 
 
-@contextlib.contextmanager
 def builder_lock(prepared_dir: str, fp: str, progress: bool):
-  """Hold `<prepared_dir>/.lock-<fp>` while building: one builder per store.
+  """Hold `<prepared_dir>/.lock-<fp>` while building: one builder per store; another waits
+  (`file_lock.held`)."""
 
-  `flock` is released by the kernel when the holder dies, even by SIGKILL. The holder removes
-  the file when done, so a waiter that wakes holding a removed file tries again. On a shared
-  mount it works where the filesystem supports `flock` (NFSv4, Lustre; not GCS FUSE).
-  """
-  path = os.path.join(prepared_dir, f".lock-{fp}")
-  told = False
-  while True:
-    f = open(path, "a")  # noqa: SIM115 (closed below or after the build)
-    try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      if progress and not told:
-        print(f"prepare: another process is building store {fp}; waiting", file=sys.stderr)
-        told = True
-      fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      current = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
-    except FileNotFoundError:
-      current = False
-    if current:
-      break
-    f.close()
-  try:
-    yield
-  finally:
-    os.remove(path)
-    f.close()
+  def busy() -> None:
+    if progress:
+      print(f"prepare: another process is building store {fp}; waiting", file=sys.stderr)
+
+  return file_lock.held(os.path.join(prepared_dir, f".lock-{fp}"), busy)

@@ -3,7 +3,7 @@
 value.
 
 A local writer writes `pings-00000-of-0000N.parquet` ... in a folder of its own inside the
-output folder (`stage`), then puts them in place of an earlier run's outputs and writes the
+output folder (`staged`), then puts them in place of an earlier run's outputs and writes the
 `.complete` marker last (`publish`): a run that fails leaves the earlier run's files as they
 were, and a folder without the marker is an interrupted run, never a dataset.
 """
@@ -15,8 +15,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 
-from maxtext_netdata.errors import WritesTo
+from maxtext_netdata.data import file_lock
+from maxtext_netdata.errors import UserError, WritesTo
 
 COMPLETE_MARKER = ".complete"
 FILE_PATTERN = "pings-{:05d}-of-{:05d}.parquet"
@@ -48,15 +50,43 @@ def write_complete_marker(out_dir: str, content: dict) -> None:
     raise
 
 
-def stage(out_dir: str) -> str:
+STAGING_PREFIX = ".staging-"  # a run's own folder inside the output folder (`staged`)
+WRITING_LOCK = ".writing"  # held by the run writing the output folder (`staged`)
+
+
+@contextlib.contextmanager
+def staged(out_dir: str) -> Iterator[str]:
   """A new folder inside `out_dir` (created if need be) for a run's files until `publish`
-  puts them in place: an earlier run's files stay whole while it runs."""
+  puts them in place: an earlier run's files stay whole while it runs. The folder is removed
+  when the block ends, however it ends.
+
+  One run at a time writes `out_dir`: it holds `out_dir/.writing` (`data.file_lock`) and
+  another is refused. Holding it, the run removes the staging folders a killed run left
+  (SIGKILL, a lost machine): no live run has one.
+
+  Raises:
+    UserError: another run is writing `out_dir`.
+  """
   os.makedirs(out_dir, exist_ok=True)
-  return tempfile.mkdtemp(prefix=".staging-", dir=out_dir)
+
+  def busy() -> None:
+    raise UserError(
+      f"{out_dir}: another run is writing this folder; wait for it to end or write elsewhere"
+    )
+
+  with file_lock.held(os.path.join(out_dir, WRITING_LOCK), busy):
+    for name in os.listdir(out_dir):
+      if name.startswith(STAGING_PREFIX):
+        shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
+    staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir)
+    try:
+      yield staging
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)
 
 
 def publish(staging: str, out_dir: str, names: list[str], content: dict) -> list[str]:
-  """The files `names` written in `staging` (`stage`) moved into `out_dir` in place of an
+  """The files `names` written in `staging` (`staged`) moved into `out_dir` in place of an
   earlier run's outputs, then the marker of JSON `content`: their paths; `staging` is removed
   either way. From the earlier marker's removal to the new one's write `out_dir` holds no
   dataset; a failure there (a full disk at the marker) removes the outputs: no dataset rather

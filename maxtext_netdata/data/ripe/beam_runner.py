@@ -18,14 +18,15 @@ error the built-in runner stops at, written to the work folder for the launching
 raise as the CLI's one-line error. `--skip-bad` counts and the sample's counts are summed over
 the files, the sample's probes are the union of theirs.
 
-The run files and the result are written under a temporary folder in DIR (`.ingest-runs-*`,
-removed at the end), so DIR must be one that every worker and the launching process see:
-a local folder for the DirectRunner (the default); `gs://` / `s3://` (through `data.remote`'s
-pyarrow filesystems) or a shared mount for Dataflow, Flink or Spark. In a local folder the
-shards are written in the work folder and moved in place of an earlier run's once whole, as
-the built-in runner does (`layout.publish`: a run that fails leaves the earlier run's files);
-in a bucket, where a move is a copy, an earlier run's files are deleted first and each shard
-is written under its own name (an object appears whole when closed), the marker last.
+The run files and the result are written under a temporary folder in DIR (`.staging-*` in a
+local one, `layout.staged`, `.ingest-runs-*` in a bucket; removed at the end), so DIR must be
+one that every worker and the launching process see: a local folder for the DirectRunner (the
+default); `gs://` / `s3://` (through `data.remote`'s pyarrow filesystems) or a shared mount
+for Dataflow, Flink or Spark. In a local folder the shards are written in the work folder and
+moved in place of an earlier run's once whole, as the built-in runner does (`layout.publish`:
+a run that fails leaves the earlier run's files; one run at a time writes the folder); in a
+bucket, where a move is a copy, an earlier run's files are deleted first and each shard is
+written under its own name (an object appears whole when closed), the marker last.
 Inputs may be `gs://` / `s3://` as for the built-in runner.
 """
 
@@ -36,16 +37,17 @@ import dataclasses
 import functools
 import json
 import os
-import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 
 import apache_beam as beam
 import pyarrow.fs as pafs
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from maxtext_netdata.data import beam_temp, remote
+from maxtext_netdata.data.raw import layout
 from maxtext_netdata.data.raw.layout import COMPLETE_MARKER
 from maxtext_netdata.data.ripe import ingest as builtin
 from maxtext_netdata.data.ripe import reference, shard_sort
@@ -72,18 +74,19 @@ class _Output:
   def join(self, *names: str) -> str:
     return os.path.join(self.path, *names)
 
-  def make_work_dir(self) -> str:
+  @contextlib.contextmanager
+  def work_dir(self) -> Iterator[str]:
+    """The run's own folder inside the output folder while the block runs: in a local one,
+    `layout.staged`'s (one run at a time writes the folder); in a bucket, `.ingest-runs-*`."""
     if self.filesystem is None:
-      os.makedirs(self.path, exist_ok=True)
-      return tempfile.mkdtemp(prefix=".ingest-runs-", dir=self.path)
+      with layout.staged(self.path) as work_dir:
+        yield work_dir
+      return
     work_dir = self.join(f".ingest-runs-{uuid.uuid4().hex[:12]}")
     self.filesystem.create_dir(work_dir)
-    return work_dir
-
-  def remove_work_dir(self, work_dir: str) -> None:
-    if self.filesystem is None:
-      shutil.rmtree(work_dir, ignore_errors=True)
-    else:
+    try:
+      yield work_dir
+    finally:
       with contextlib.suppress(OSError):
         self.filesystem.delete_dir(work_dir)
 
@@ -153,41 +156,39 @@ def ingest(
     "sample": sample,
     "decompress_threads": decompress_threads,
   }
-  work_dir = output.make_work_dir()
-  try:
-    output.clear()
-    pipeline_options = PipelineOptions(beam_args or ["--runner=DirectRunner"])
-    with (
-      beam_temp.temporary_files_in(tempfile.mkdtemp(prefix="ingest-beam-")),
-      beam.Pipeline(options=pipeline_options) as pipeline,
-    ):
-      _ = (
-        pipeline
-        | "files" >> beam.Create(list(enumerate(entries)))
-        # Any: the type Beam infers from the report's first key (a dict of ints) fails to encode
-        | "map to sorted runs"
-        >> beam.ParDo(_MapFile(settings, out_dir, work_dir)).with_output_types(beam.typehints.Any)
-        | "all files" >> beam.combiners.ToList()
-        | "merge into shards"
-        >> beam.Map(_merge, options, out_dir, work_dir, inputs, shards, sample)
-      )
-    result = output.read_json(os.path.join(work_dir, _RESULT))
-    if "error" in result:
-      raise DataError(result["error"])
-    return builtin.Summary(
-      reference.Counts(**result["counts"]),
-      [output.join(name) if output.filesystem is None else f"{out_dir.rstrip('/')}/{name}"
-       for name in result["files"]],
-      time.perf_counter() - started,
-      sample,
-      result["probes"],
-    )  # fmt: skip
-  except BaseException:
-    with contextlib.suppress(OSError):
+  with output.work_dir() as work_dir:
+    try:
       output.clear()
-    raise
-  finally:
-    output.remove_work_dir(work_dir)
+      pipeline_options = PipelineOptions(beam_args or ["--runner=DirectRunner"])
+      with (
+        beam_temp.temporary_files_in(tempfile.mkdtemp(prefix="ingest-beam-")),
+        beam.Pipeline(options=pipeline_options) as pipeline,
+      ):
+        _ = (
+          pipeline
+          | "files" >> beam.Create(list(enumerate(entries)))
+          # Any: the type Beam infers from the report's first key (a dict of ints) fails to encode
+          | "map to sorted runs"
+          >> beam.ParDo(_MapFile(settings, out_dir, work_dir)).with_output_types(beam.typehints.Any)
+          | "all files" >> beam.combiners.ToList()
+          | "merge into shards"
+          >> beam.Map(_merge, options, out_dir, work_dir, inputs, shards, sample)
+        )
+      result = output.read_json(os.path.join(work_dir, _RESULT))
+      if "error" in result:
+        raise DataError(result["error"])
+      return builtin.Summary(
+        reference.Counts(**result["counts"]),
+        [output.join(name) if output.filesystem is None else f"{out_dir.rstrip('/')}/{name}"
+         for name in result["files"]],
+        time.perf_counter() - started,
+        sample,
+        result["probes"],
+      )  # fmt: skip
+    except BaseException:
+      with contextlib.suppress(OSError):
+        output.clear()
+      raise
 
 
 class _MapFile(beam.DoFn):

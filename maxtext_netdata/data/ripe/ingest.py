@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import shutil
 import time
 
 import pyarrow as pa
@@ -37,7 +36,7 @@ import tqdm
 from maxtext_netdata.config import iso_seconds
 from maxtext_netdata.config import load as load_config
 from maxtext_netdata.data import remote
-from maxtext_netdata.data.raw.layout import stage
+from maxtext_netdata.data.raw.layout import staged
 from maxtext_netdata.data.ripe import reference, shard_sort
 from maxtext_netdata.data.ripe import scan as ripe_scan
 from maxtext_netdata.data.ripe.arguments import SHARD_ROWS
@@ -169,16 +168,18 @@ def ingest(
   options = storage_options()
   entries = remote.expand_all(inputs, options)
   counts = reference.Counts()
-  runs_dir = stage(out_dir)  # the runs, then the shards: the earlier run's files stay meanwhile
-  bar = tqdm.tqdm(
-    total=sum(e.size for e in entries),
-    unit="B",
-    unit_scale=True,
-    desc="ingest",
-    disable=not progress,
-    mininterval=1.0,
-  )
-  try:
+  # the runs, then the shards, in a folder of this run's: the earlier run's files stay meanwhile
+  with (
+    staged(out_dir) as runs_dir,
+    tqdm.tqdm(
+      total=sum(e.size for e in entries),
+      unit="B",
+      unit_scale=True,
+      desc="ingest",
+      disable=not progress,
+      mininterval=1.0,
+    ) as bar,
+  ):
     runs, probes = [], set()
     tables = _mapped_blocks(
       entries, options, block_bytes, bar, counts, skip_bad, readers, scan, sample,
@@ -198,11 +199,7 @@ def ingest(
       runs_dir, out_dir, pieces, counts.rows, shard_count(shards, counts.rows),
       functools.partial(marker, counts, sample, len(probes), inputs),
     )  # fmt: skip
-    summary = Summary(counts, paths, time.perf_counter() - started, sample, len(probes))
-  finally:
-    bar.close()
-    shutil.rmtree(runs_dir, ignore_errors=True)
-  return summary
+    return Summary(counts, paths, time.perf_counter() - started, sample, len(probes))
 
 
 def _seconds(text: str | None, flag: str) -> int | None:

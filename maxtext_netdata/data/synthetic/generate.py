@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import socket
 import time
 
@@ -31,7 +30,7 @@ from maxtext_netdata.data.raw.layout import (
   FAILED_RTT,
   FILE_PATTERN,
   publish,
-  stage,
+  staged,
 )
 from maxtext_netdata.errors import UserError, WritesTo
 
@@ -310,6 +309,70 @@ def _write_lines(f, lines: pa.ChunkedArray) -> None:
     f.write(memoryview(chunk.buffers()[2])[offsets[0] : offsets[-1]])
 
 
+def _write_files(
+  staging: str,
+  out_dir: str,
+  rows: int,
+  shards: int,
+  seed: int,
+  progress: bool,
+  fmt: str,
+  world_rows: int | None,
+) -> dict:
+  """`generate`'s files, written in folder `staging` (named in errors as in `out_dir`); the
+  marker's content."""
+  world = _World(world_rows or rows, np.random.default_rng(seed))
+  per_shard = -(-rows // (shards * PIECE_ROWS))  # time slices per file
+  pieces = shards * per_shard
+  paths, written, carried = [], 0, 0
+  pattern = FILE_PATTERN if fmt == "parquet" else FILE_PATTERN.replace(".parquet", ".json")
+  bar = tqdm.tqdm(
+    total=rows, unit=" rows", unit_scale=True, desc="generate", disable=not progress or rows < 1e6
+  )
+  for shard in range(shards):
+    path = os.path.join(out_dir, pattern.format(shard, shards))  # its name in errors
+    tmp = os.path.join(staging, os.path.basename(path))
+    writer = None
+    try:
+      for piece in range(shard * per_shard, (shard + 1) * per_shard):
+        rng = np.random.default_rng([seed, piece + 1])
+        stream, when = world.events(
+          SPAN_SECONDS * piece // pieces, SPAN_SECONDS * (piece + 1) // pieces
+        )
+        wanted = rows * (piece + 1) // pieces - rows * piece // pieces + carried
+        keep = np.sort(rng.choice(len(stream), min(wanted, len(stream)), replace=False))
+        carried = wanted - len(keep)
+        table = _piece_table(world, stream[keep], when[keep], rng, with_probe=fmt != "parquet")
+        with WritesTo(path):
+          if writer is None:
+            writer = _open_writer(tmp, table.schema, fmt)
+          if fmt == "parquet":
+            writer.write_table(table, row_group_size=WRITE_ROW_GROUP_ROWS)
+          else:
+            _write_lines(writer, _json_lines(table))
+        written += table.num_rows
+        bar.update(table.num_rows)
+      with WritesTo(path):
+        writer.close()
+      writer = None
+    finally:
+      if writer is not None:
+        with contextlib.suppress(OSError):  # fails again on a full disk
+          writer.close()
+    paths.append(path)
+  bar.close()
+  if carried:
+    raise RuntimeError(f"the generated world holds only {written} of {rows} rows")
+  return {
+    "rows": rows,
+    "shards": shards,
+    "seed": seed,
+    "format": fmt,
+    "world_rows": world_rows or rows,
+    "files": [os.path.basename(p) for p in paths],
+  }
+
+
 def generate(
   out_dir: str,
   rows: int = 200_000,
@@ -338,62 +401,10 @@ def generate(
     raise ValueError(f"need rows >= shards >= 1, got rows={rows}, shards={shards}")
   if fmt not in FORMATS:
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-  staging = stage(out_dir)  # the files of this run: an earlier run's stay until they are whole
-  world = _World(world_rows or rows, np.random.default_rng(seed))
-  per_shard = -(-rows // (shards * PIECE_ROWS))  # time slices per file
-  pieces = shards * per_shard
-  paths, written, carried = [], 0, 0
-  pattern = FILE_PATTERN if fmt == "parquet" else FILE_PATTERN.replace(".parquet", ".json")
-  bar = tqdm.tqdm(
-    total=rows, unit=" rows", unit_scale=True, desc="generate", disable=not progress or rows < 1e6
-  )
-  try:
-    for shard in range(shards):
-      path = os.path.join(out_dir, pattern.format(shard, shards))  # its name in errors
-      tmp = os.path.join(staging, os.path.basename(path))
-      writer = None
-      try:
-        for piece in range(shard * per_shard, (shard + 1) * per_shard):
-          rng = np.random.default_rng([seed, piece + 1])
-          stream, when = world.events(
-            SPAN_SECONDS * piece // pieces, SPAN_SECONDS * (piece + 1) // pieces
-          )
-          wanted = rows * (piece + 1) // pieces - rows * piece // pieces + carried
-          keep = np.sort(rng.choice(len(stream), min(wanted, len(stream)), replace=False))
-          carried = wanted - len(keep)
-          table = _piece_table(world, stream[keep], when[keep], rng, with_probe=fmt != "parquet")
-          with WritesTo(path):
-            if writer is None:
-              writer = _open_writer(tmp, table.schema, fmt)
-            if fmt == "parquet":
-              writer.write_table(table, row_group_size=WRITE_ROW_GROUP_ROWS)
-            else:
-              _write_lines(writer, _json_lines(table))
-          written += table.num_rows
-          bar.update(table.num_rows)
-        with WritesTo(path):
-          writer.close()
-        writer = None
-      finally:
-        if writer is not None:
-          with contextlib.suppress(OSError):  # fails again on a full disk
-            writer.close()
-      paths.append(path)
-    bar.close()
-    if carried:
-      raise RuntimeError(f"the generated world holds only {written} of {rows} rows")
-    summary = {
-      "rows": rows,
-      "shards": shards,
-      "seed": seed,
-      "format": fmt,
-      "world_rows": world_rows or rows,
-      "files": [os.path.basename(p) for p in paths],
-    }
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)  # gives back its space (a full disk)
-    raise
-  return publish(staging, out_dir, summary["files"], summary)
+  # the files of this run: an earlier run's stay until they are whole
+  with staged(out_dir) as staging:
+    summary = _write_files(staging, out_dir, rows, shards, seed, progress, fmt, world_rows)
+    return publish(staging, out_dir, summary["files"], summary)
 
 
 def _open_writer(tmp: str, schema: pa.Schema, fmt: str):

@@ -20,7 +20,7 @@ from maxtext_netdata.data.prepare import prepare
 from maxtext_netdata.data.ripe.ingest import ingest
 from maxtext_netdata.data.synthetic.generate import generate
 from maxtext_netdata.errors import DataError
-from tests.helpers import folder_files
+from tests.helpers import folder_files, killed_runs_leftovers
 from tests.helpers.ripe_results import FIRMWARE_0, MODERN, T0
 from tests.helpers.s3 import s3_server
 
@@ -170,9 +170,11 @@ def test_a_bad_line_is_one_error_line_naming_file_and_line(tmp_path, text, line,
   assert reason in error and "Traceback" not in done.stderr
   assert os.listdir(tmp_path / "out") == []  # no shard, no marker, no work folder left
   # Into a folder holding an earlier run's dataset: that run's files stay as they were.
+  killed_runs_leftovers(tmp_path / "out")
   earlier = _cli("ingest", _write(tmp_path / "good.json", good), "--out", str(tmp_path / "out"))
   assert earlier.returncode == 0, earlier.stderr
   before = folder_files(tmp_path / "out")
+  assert before.keys() == {".complete", "pings-00000-of-00001.parquet"}  # the killed run's went
   assert _cli("ingest", path, "--out", str(tmp_path / "out")).returncode == 2
   assert folder_files(tmp_path / "out") == before and ".complete" in before
 

@@ -15,7 +15,7 @@ from maxtext_netdata.data.ripe import decompress, shard_sort
 from maxtext_netdata.data.ripe import ingest as builtin
 from maxtext_netdata.data.ripe.sample import Sample
 from maxtext_netdata.data.synthetic.generate import generate
-from tests.helpers import folder_files
+from tests.helpers import folder_files, killed_runs_leftovers
 from tests.helpers.ripe_results import FIRMWARE_0, MODERN
 from tests.helpers.s3 import s3_server
 
@@ -128,8 +128,10 @@ def test_a_bad_line_fails_the_cli_with_the_builtin_one_line_error(tmp_path, line
   assert beam_error.count("\n") == 1
   assert os.listdir(tmp_path / "b") == []
   # Into a folder holding an earlier run's dataset: that run's files stay as they were.
+  killed_runs_leftovers(tmp_path / "b")
   assert cli.main(["ingest", *inputs[:2], "--out", str(tmp_path / "b"), "--runner", "beam"]) == 0
   before = folder_files(tmp_path / "b")
+  assert ".complete" in before and not [n for n in before if n.startswith(".") and n != ".complete"]
   assert cli.main(["ingest", *inputs, "--out", str(tmp_path / "b"), "--runner", "beam"]) == 2
   assert folder_files(tmp_path / "b") == before and ".complete" in before
 

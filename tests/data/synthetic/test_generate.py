@@ -3,6 +3,9 @@
 import collections
 import json
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -217,3 +220,36 @@ def test_a_flipped_bit_in_a_data_page_is_caught_by_its_checksum(tmp_path):
     f.write(data)
   with pytest.raises(OSError, match="CRC checksum verification failed"):
     pq.read_table(path, page_checksum_verification=True)
+
+
+def test_one_run_writes_a_folder_and_a_killed_runs_folder_is_removed_by_the_next(tmp_path):
+  out = tmp_path / "raw"
+  command = [sys.executable, "-m", "maxtext_netdata", "generate", "--out", str(out)]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  first = subprocess.Popen(
+    [*command, "--rows", "40000000", "--shards", "4"], env=env, stderr=subprocess.DEVNULL
+  )
+  try:
+    deadline = time.monotonic() + 120
+    while not list(out.glob(".staging-*/pings-*")):  # the first file is being written
+      assert first.poll() is None and time.monotonic() < deadline, "generate did not start"
+      time.sleep(0.05)
+    second = subprocess.run(
+      [*command, "--rows", "1000", "--shards", "1"],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
+    assert first.poll() is None, "the first run ended before the second was refused"
+    assert second.returncode == 2
+    assert second.stderr.splitlines()[-1] == (
+      f"maxtext-netdata generate: error: {out}: another run is writing this folder;"
+      " wait for it to end or write elsewhere"
+    )
+  finally:
+    first.kill()  # SIGKILL: nothing of it runs to clean up
+    first.wait()
+  assert list(out.glob(".staging-*")) and (out / ".writing").exists()
+  paths = generate(str(out), rows=1_000, shards=1, progress=False)
+  assert sorted(os.listdir(out)) == [".complete", os.path.basename(paths[0])]
