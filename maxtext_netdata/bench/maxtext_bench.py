@@ -170,10 +170,14 @@ def load_config(path: str, overrides: list[str]):
   """MaxText's config for `path` and `overrides` (plugin installed), or a one-line error."""
   from maxtext.configs import pyconfig
 
+  from maxtext_netdata.maxtext.patch_config import MaxTextPluginError
+
   try:
     cfg = pyconfig.initialize(["bench", path, *overrides])
   except ConfigError:
     raise
+  except MaxTextPluginError as e:  # one line already: "MaxText config: key=value ..."
+    raise ConfigError(f"{path}: {e}") from None
   except Exception as e:  # MaxText raises ValueError, pydantic errors, AssertionError...
     raise ConfigError(f"{path}: MaxText rejects the config: {first_line(e)}") from None
   kind = _dataset_type(cfg)

@@ -168,7 +168,11 @@ def test_reading_the_loss_each_step_is_forced_synchronization(tmp_path, network,
 @pytest.mark.parametrize(
   "args, message",
   [
-    (["dataset_type=parquet_files"], "MaxText rejects the config"),
+    (
+      ["dataset_type=parquet_files"],
+      "bench_text.yml: MaxText config: dataset_type='parquet_files' is",
+    ),
+    (["steps=abc"], "bench_text.yml: MaxText config: steps='abc' should be a valid integer"),
     (["stepz=3"], "unknown config key 'stepz'; did you mean 'steps'?"),
     (["dataset_type=synthetic", "--sweep-workers=0,1"], "has no grain workers"),
     (["--loop-hook=no_such_module:f"], "--loop-hook='no_such_module:f'"),
