@@ -65,9 +65,9 @@ def staged(out_dir: str) -> Iterator[str]:
   (SIGKILL, a lost machine): no live run has one.
 
   Raises:
-    UserError: another run is writing `out_dir`.
+    UserError: `out_dir` cannot be made a folder, or another run is writing it.
   """
-  os.makedirs(out_dir, exist_ok=True)
+  make_folder(out_dir)
 
   def busy() -> None:
     raise UserError(
@@ -83,6 +83,20 @@ def staged(out_dir: str) -> Iterator[str]:
       yield staging
     finally:
       shutil.rmtree(staging, ignore_errors=True)
+
+
+def make_folder(path: str) -> None:
+  """Folder `path`, made with its parents where missing; a UserError in one line naming it
+  where it cannot be one (a file, no permission, an empty path)."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UserError(f"{path}: not a folder; the output needs a folder")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    cause = e.strerror or str(e)
+    raise UserError(
+      f"{path or repr(path)}: cannot make the output folder: {cause[:1].lower()}{cause[1:]}"
+    ) from None
 
 
 def publish(staging: str, out_dir: str, names: list[str], content: dict) -> list[str]:

@@ -253,3 +253,19 @@ def test_one_run_writes_a_folder_and_a_killed_runs_folder_is_removed_by_the_next
   assert list(out.glob(".staging-*")) and (out / ".writing").exists()
   paths = generate(str(out), rows=1_000, shards=1, progress=False)
   assert sorted(os.listdir(out)) == [".complete", os.path.basename(paths[0])]
+
+
+@pytest.mark.parametrize(
+  ("out", "error"),
+  [
+    ("file", "file: not a folder; the output needs a folder"),
+    ("file/sub", "file/sub: cannot make the output folder: not a directory"),
+    ("", "'': cannot make the output folder: no such file or directory"),
+  ],
+)
+def test_an_output_that_cannot_be_a_folder_is_one_line(tmp_path, monkeypatch, capsys, out, error):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "file").write_text("a file")
+  assert cli.main(["generate", "--out", out, "--rows", "100", "--shards", "1"]) == 2
+  assert capsys.readouterr().err == f"maxtext-netdata generate: error: {error}\n"
+  assert sorted(os.listdir(tmp_path)) == ["file"]
