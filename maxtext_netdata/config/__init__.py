@@ -228,11 +228,20 @@ _XLA_OPTION = re.compile(r"--([A-Za-z0-9_]+)=(.+)")
 def iso_seconds(text: str) -> int:
   """Unix seconds of an ISO 8601 time: a date (its midnight) or a date and time, UTC unless
   it names a zone; ValueError otherwise. `ingest --since/--until` and `network_since` /
-  `network_until` read times with it."""
+  `network_until` read times with it.
+
+  A time between two whole seconds is the next one: the rows' times are whole seconds, so a
+  bound kept as that second keeps exactly the rows at or after `since` and before `until`
+  (`data.raw.schema.in_time`); a bound cut down to its second would take in the second
+  before `since` and leave out the second before `until`."""
   when = datetime.datetime.fromisoformat(text)
   if when.tzinfo is None:
     when = when.replace(tzinfo=datetime.UTC)
-  return int(when.timestamp())
+  whole, part = divmod(when - _EPOCH, datetime.timedelta(seconds=1))
+  return whole + bool(part)
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 def compile_options(flags: str) -> dict[str, str | bool]:

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from maxtext_netdata import cli
 from maxtext_netdata.data.ripe.ingest import ingest
 from maxtext_netdata.data.ripe.sample import Sample
 from maxtext_netdata.data.synthetic.generate import generate
@@ -71,6 +72,22 @@ def test_a_sample_keeps_its_probes_rows_as_the_full_ingest_has_them(tmp_path, du
     ingest([path], str(tmp_path / f"file{k}"), progress=False, sample=sample)
     by_file += _rows(tmp_path / f"file{k}")
   assert by_file == expected
+
+
+def test_bounds_between_whole_seconds_keep_exactly_the_rows_inside(tmp_path, dump):
+  # The results' times are whole seconds: --since a tenth before one keeps that second and not
+  # the one before; --until half a second after one keeps that second.
+  paths, full_rows, _ = dump
+  times = sorted({int(r["event_time"].timestamp()) for r in full_rows})
+  first = next(t for t in times[len(times) // 4 :] if t - 1 in times)
+  last = times[3 * len(times) // 4]
+  iso = lambda t: datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat()  # noqa: E731
+  out = str(tmp_path / "out")
+  args = ["--since", iso(first - 0.1), "--until", iso(last + 0.5)]
+  assert cli.main(["ingest", *paths, "--out", out, *args]) == 0
+  expected = [r for r in full_rows if first - 0.1 <= r["event_time"].timestamp() < last + 0.5]
+  assert _rows(out) == expected
+  assert {int(r["event_time"].timestamp()) for r in expected} >= {first, last}
 
 
 def test_the_command_line_names_the_sample_in_its_summary_and_marker(tmp_path, dump):
