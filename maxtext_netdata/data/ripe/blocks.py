@@ -153,7 +153,7 @@ def iter_blocks(
     except (OSError, pa.ArrowException) as e:
       raw.close()
       raise DataError(f"{entry.uri}: read error ({e})") from None
-    if head.lstrip()[:1] not in (b"[", b""):
+    if head.removeprefix(json_array.BOM).lstrip()[:1] not in (b"[", b""):
       blocks = _plain_line_blocks(entry.uri, raw, block_bytes, progress, remap)
       try:
         yield from blocks
@@ -173,7 +173,7 @@ def iter_blocks(
         raise DataError(f"{entry.uri}: {what} {_after(line)} ({e})") from None
       last = not piece
       if array is None and (piece.lstrip() or last):
-        array = (carry + piece).lstrip()[:1] == b"["
+        array = (carry + piece).removeprefix(json_array.BOM).lstrip()[:1] == b"["
         if array:
           converter, unit = json_array.ArrayToLines(entry.uri), "array element"
       if progress is not None:

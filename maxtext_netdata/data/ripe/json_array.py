@@ -46,6 +46,8 @@ _PLAIN = np.ones(256, np.bool_)  # bytes outside strings that are part of a valu
 _PLAIN[[TAB, NEWLINE, CARRIAGE_RETURN, SPACE, QUOTE, COMMA]] = False
 _PLAIN[[LEFT_BRACKET, RIGHT_BRACKET, LEFT_BRACE, RIGHT_BRACE]] = False
 
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark, which some tools write first: not JSON, skipped
+
 
 @numba.njit(cache=True, nogil=True)
 def _split(buf, out, after_comma):
@@ -216,7 +218,7 @@ class ArrayToLines:
     """The whole elements of the text so far not yet returned, one a line, or b"" if none."""
     buf = self.carry + piece
     if not self.started:
-      buf = buf.lstrip()
+      buf = buf.removeprefix(BOM).lstrip()
       if not buf:
         return b""
       if buf[:1] != b"[":

@@ -139,6 +139,10 @@ def test_json_array_and_every_compression_give_the_same_rows(tmp_path):
     "array.json": array,
     "pretty.json": pretty,
     "array.json.bz2": bz2.compress(array),
+    # UTF-8's byte order mark first, as some tools write it
+    "bom-lines.json": b"\xef\xbb\xbf" + lines,
+    "bom-array.json": b"\xef\xbb\xbf" + pretty,
+    "bom-array.json.gz": gzip.compress(b"\xef\xbb\xbf" + array),
   }
   reference = None
   for name, data in inputs.items():
