@@ -169,8 +169,14 @@ def _entry(uri_prefix: str, info: pafs.FileInfo) -> FileEntry:
   return FileEntry(uri=uri_prefix + info.path, size=int(info.size or 0), mtime_ns=int(mtime_ns))
 
 
-def expand(pattern: str, options: StorageOptions) -> list[FileEntry]:
-  """Files matching one path, directory (its `*.parquet` files, recursively) or glob, sorted.
+# The files of a folder named as an input, below it at any depth (`expand`'s `folder_files`):
+PARQUET_FILES = r".*\.parquet"  # prepare's raw parquet
+VISIBLE_FILES = r"(?:.*/)?[^./][^/]*"  # every file whose name does not start with "." (ingest's)
+
+
+def expand(pattern: str, options: StorageOptions, folder_files: str = PARQUET_FILES):
+  """Files matching one path, directory (its files at any depth whose path matches regular
+  expression `folder_files`: `*.parquet` by default) or glob, sorted: list[FileEntry].
 
   `*`, `?` and `[...]` stay within a folder; `**` as a whole folder name crosses folders.
   Raises DataError naming `pattern` when nothing matches.
@@ -186,7 +192,7 @@ def expand(pattern: str, options: StorageOptions) -> list[FileEntry]:
     if info.type != pafs.FileType.Directory:
       raise DataError(f"{pattern}: no such file, bucket or object")
     selector = pafs.FileSelector(path.rstrip("/"), recursive=True)
-    regex = re.compile(r".*\.parquet\Z", re.DOTALL)
+    regex = re.compile(folder_files + r"\Z", re.DOTALL)
   else:
     base = path[: glob.start()].rpartition("/")[0]
     if not base and uri_prefix:
@@ -216,14 +222,16 @@ def expand(pattern: str, options: StorageOptions) -> list[FileEntry]:
   return sorted(entries, key=lambda e: e.uri)
 
 
-def expand_all(patterns: str | Iterable[str], options: StorageOptions) -> list[FileEntry]:
-  """Files of comma-separated (or listed) patterns: sorted, each once."""
+def expand_all(
+  patterns: str | Iterable[str], options: StorageOptions, folder_files: str = PARQUET_FILES
+) -> list[FileEntry]:
+  """Files of comma-separated (or listed) patterns (`expand`'s): sorted, each once."""
   if isinstance(patterns, str):
     patterns = patterns.split(",")
   found: dict[str, FileEntry] = {}
   for pattern in (p.strip() for p in patterns):
     if pattern:
-      for entry in expand(pattern, options):
+      for entry in expand(pattern, options, folder_files):
         found[entry.uri] = entry
   return [found[uri] for uri in sorted(found)]
 

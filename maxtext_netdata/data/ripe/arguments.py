@@ -12,7 +12,8 @@ def add_arguments(parser) -> None:
     nargs="+",
     metavar="INPUT",
     help="RIPE Atlas ping results: JSON lines or a JSON array, plain, .bz2, .gz or .zst;"
-    " paths, globs, gs:// or s3:// URIs",
+    " paths, globs, gs:// or s3:// URIs, or folders (every file in them, at any depth, whose"
+    " name does not start with '.')",
   )
   parser.add_argument("--out", required=True, help="output folder for the parquet shards")
   parser.add_argument(

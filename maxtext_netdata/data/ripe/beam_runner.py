@@ -146,7 +146,7 @@ def ingest(
   machine; 1 where the runner starts a worker process per core, as Dataflow does)."""
   started = time.perf_counter()
   options = builtin.storage_options()
-  entries = remote.expand_all(inputs, options)
+  entries = remote.expand_all(inputs, options, remote.VISIBLE_FILES)
   output = _Output(out_dir, options)
   settings = {
     "options": options,

@@ -166,7 +166,7 @@ def ingest(
   if scan:
     ripe_scan.load()
   options = storage_options()
-  entries = remote.expand_all(inputs, options)
+  entries = remote.expand_all(inputs, options, remote.VISIBLE_FILES)
   counts = reference.Counts()
   # the runs, then the shards, in a folder of this run's: the earlier run's files stay meanwhile
   with (

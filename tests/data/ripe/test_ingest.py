@@ -290,6 +290,22 @@ def test_ingest_then_prepare(tmp_path, generated):
   assert splits.train.num_rows + splits.eval.num_rows == 20_000
 
 
+def test_a_folder_of_dumps_is_every_file_in_it_whose_name_is_not_hidden(tmp_path):
+  # RIPE's dump names carry no .json; a hidden file (an editor's, a copy tool's) is no dump.
+  folder = tmp_path / "dumps"
+  (folder / "day2").mkdir(parents=True)
+  files = [
+    _write(folder / "ping-2025-07-01T0000.bz2", bz2.compress(_lines(MODERN[:2]))),
+    _write(folder / "day2" / "ping-2025-07-02T0000", _lines(MODERN[2:])),
+  ]
+  _write(folder / ".ping-2025-07-01T0100.bz2.part", b"not a dump")
+  by_name = ingest(files, str(tmp_path / "named"), progress=False)
+  by_folder = ingest([str(folder)], str(tmp_path / "folder"), progress=False)
+  named, found = folder_files(tmp_path / "named"), folder_files(tmp_path / "folder")
+  assert found.pop(".complete") != named.pop(".complete")  # the inputs as given: the folder
+  assert found == named and by_folder.counts == by_name.counts and by_name.counts.rows == 7
+
+
 def test_s3_input_through_the_storage_layer(tmp_path, monkeypatch, generated):
   _, ripe = generated
   with s3_server(monkeypatch, "atlas") as client:
