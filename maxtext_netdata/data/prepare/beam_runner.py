@@ -22,13 +22,15 @@ import os
 import shutil
 import tempfile
 
-import apache_beam as beam
 import numpy as np
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from maxtext_netdata.data import beam_temp
 from maxtext_netdata.data.prepare import bucket_sort, local_runner, partition
 from maxtext_netdata.data.raw import reader
+
+beam_temp.quiet_notices()  # before Beam is imported: its import logs one of them
+import apache_beam as beam  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 
 def runner(beam_args: list[str]):
@@ -49,6 +51,7 @@ def runner(beam_args: list[str]):
     }
     pipeline_options = PipelineOptions(beam_args or ["--runner=DirectRunner"])
     with (
+      beam_temp.interrupts_as_such(),
       beam_temp.temporary_files_in(pieces_dir + "-tmp"),
       beam.Pipeline(options=pipeline_options) as pipeline,
     ):

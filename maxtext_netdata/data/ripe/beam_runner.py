@@ -42,9 +42,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
-import apache_beam as beam
 import pyarrow.fs as pafs
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from maxtext_netdata.data import beam_temp, remote
 from maxtext_netdata.data.raw import layout
@@ -54,6 +52,10 @@ from maxtext_netdata.data.ripe import reference, shard_sort
 from maxtext_netdata.data.ripe import scan as ripe_scan
 from maxtext_netdata.data.ripe.sample import Sample
 from maxtext_netdata.errors import DataError, WritesTo
+
+beam_temp.quiet_notices()  # before Beam is imported: its import logs one of them
+import apache_beam as beam  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 _RESULT = "result.json"
 
@@ -161,6 +163,7 @@ def ingest(
       output.clear()
       pipeline_options = PipelineOptions(beam_args or ["--runner=DirectRunner"])
       with (
+        beam_temp.interrupts_as_such(),
         beam_temp.temporary_files_in(tempfile.mkdtemp(prefix="ingest-beam-")),
         beam.Pipeline(options=pipeline_options) as pipeline,
       ):

@@ -125,3 +125,34 @@ def test_a_beam_prepare_leaves_nothing_in_the_temporary_directory(tmp_path, raw_
   )
   assert run.returncode == 0, run.stderr[-2000:]
   assert os.listdir(temporary) == []
+
+
+# A prepare whose first file, read in the step's function, sends the process SIGINT first.
+_INTERRUPTED_PREPARE = """
+import os, signal, sys
+from maxtext_netdata import cli
+from maxtext_netdata.data.prepare import beam_runner
+read = beam_runner._read_and_partition
+def interrupted(*args):
+  os.kill(os.getpid(), signal.SIGINT)
+  return read(*args)
+beam_runner._read_and_partition = interrupted
+sys.exit(cli.main(["prepare", *sys.argv[1:], "--runner", "beam"]))
+"""
+
+
+def test_ctrl_c_in_a_step_ends_the_prepare_in_one_line(tmp_path, raw_files):
+  # Beam raises an exception of a step again as a RuntimeError after logging its traceback.
+  base = str(REPO / "configs" / "base.yml")
+  files, store = f"grain_train_files={','.join(raw_files)}", tmp_path / "store"
+  run = subprocess.run(
+    [sys.executable, "-c", _INTERRUPTED_PREPARE, base, files, f"network_prepared_dir={store}"],
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert run.returncode == 130, run.stderr[-3000:]
+  assert run.stderr.splitlines()[-1] == "maxtext-netdata prepare: interrupted", run.stderr[-3000:]
+  assert "Traceback" not in run.stderr and "apitools" not in run.stderr
+  assert os.listdir(store) == []  # no store, no temporary folder, no lock file

@@ -5,6 +5,8 @@ import bz2
 import json
 import os
 import random
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -201,3 +203,36 @@ def test_cli_gives_beam_workers_the_decompress_threads(tmp_path, lines, monkeypa
   assert seen == [3]  # the one .bz2 input
   builtin.ingest(inputs, str(tmp_path / "builtin"), progress=False)
   assert folder_files(out) == folder_files(tmp_path / "builtin")
+
+
+# A run whose first mapped file sends the process SIGNAL inside the step's DoFn, then goes on.
+_SIGNALLED_RUN = """
+import os, signal, sys
+from maxtext_netdata import cli
+from maxtext_netdata.data.ripe import beam_runner
+process = beam_runner._MapFile.process
+def signalled(self, element):
+  os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+  yield from process(self, element)
+beam_runner._MapFile.process = signalled
+sys.exit(cli.main(["ingest", *sys.argv[3:], "--out", sys.argv[2], "--runner", "beam"]))
+"""
+
+
+@pytest.mark.parametrize(
+  ("signame", "status", "said"),
+  [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated (SIGTERM)")],
+)
+def test_an_interrupt_in_a_step_ends_the_run_in_one_line(tmp_path, lines, signame, status, said):
+  # Beam raises an exception of a step again as a RuntimeError after logging its traceback.
+  inputs = _inputs(tmp_path / "in", lines)
+  out = tmp_path / "out"
+  done = subprocess.run(
+    [sys.executable, "-c", _SIGNALLED_RUN, signame, str(out), *inputs],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert done.returncode == status, done.stderr[-3000:]
+  assert done.stderr.splitlines() == [f"maxtext-netdata ingest: {said}"], done.stderr[-3000:]
+  assert os.listdir(out) == []
