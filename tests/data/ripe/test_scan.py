@@ -22,6 +22,7 @@ import pytest
 
 from maxtext_netdata.data.ripe import reference, scan
 from maxtext_netdata.data.ripe.ingest import ingest
+from maxtext_netdata.data.ripe.scanner.kernel import scan_block
 from maxtext_netdata.data.synthetic.generate import generate
 from tests.helpers.ripe_results import FIRMWARE_0, MODERN, T0
 
@@ -272,6 +273,19 @@ def test_results_of_many_packets_with_long_addresses_give_the_reference_rows():
   assert (kinds == scan.PING).all()
   for line in lines:  # alone in its block too: the buffer starts at the line's size
     _check_taken_lines([line])
+
+
+def test_the_text_buffer_grows_with_the_texts_not_with_the_rows():
+  # A result of 20,000 packets: the rows grow ~12 times from three; each time the text buffer
+  # doubled with them (546 MB for the 270 KB of texts its 20,000 rows repeat).
+  packets = [{"x": "*"} if i % 3 == 2 else {"rtt": 1.5 + i % 7} for i in range(20_000)]
+  result = dict(msm_id=7, timestamp=T0, af=4, prb_id=9, type="ping", result=packets)
+  line = json.dumps(dict(result, src_addr="192.0.2.1", dst_addr="198.51.100.17")).encode()
+  _check_taken_lines([line])
+  scanned = scan_block(np.frombuffer(line + b"\n", np.uint8), 1)
+  rows, offsets, texts = scanned[4], scanned[9], scanned[10]
+  assert rows == 20_000 and offsets[:, rows].tolist() == [9 * rows, 13 * rows]
+  assert texts.nbytes <= 4 * (offsets[:, rows].max() + len(line)) * 2
 
 
 _GUARD_PAGE_SCAN = r"""

@@ -135,7 +135,8 @@ def _version(buf, start, length):
   return 4 if dot else 0
 
 
-_FULL = -2  # `_packets` / `_line`: the output arrays are full (grown, then the line read again)
+_FULL = -2  # `_packets` / `_line`: the row arrays are full (grown, then the line read again)
+_FULL_TEXTS = -3  # `_line`: `texts` is full (grown, then the line read again)
 _TWO_53 = 1 << 53
 
 
@@ -255,7 +256,7 @@ def _packets(buf, i, n, rtt, rtt_text, m, stack):
 @js.helper
 def _line(buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, offsets, texts):
   """Read the line at `p`: (kind, new m, duplicates, a position in the line past which
-  only its newline may come); `_FULL` as kind if an output array is full.
+  only its newline may come); `_FULL` or `_FULL_TEXTS` as kind if an output array is full.
 
   A ping result's texts are copied into `texts` while the line is in cache (gathering them
   from the block later missed the cache on every row: 3x slower).
@@ -351,7 +352,7 @@ def _line(buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, of
   src_at, dst_at, room = offsets[SRC, first], offsets[DST, first], texts.shape[1]
   packets = m - first
   if src_at + packets * max(src_l, 0) > room or dst_at + packets * max(dst_l, 0) > room:
-    return _FULL, first, 0, p
+    return _FULL_TEXTS, first, 0, p
   src_row, dst_row = texts[SRC], texts[DST]
   for r in range(first, m):
     out_ints[MSM, r] = fields[_MSM]
@@ -375,10 +376,11 @@ def _line(buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, of
 @js.helper
 def _lines(buf, line, p, lines, m, kinds, starts, first_rows, dups, stack, fields, spans,
            out_ints, valid, rtt, rtt_text, offsets, texts):  # fmt: skip
-  """`_line` over the lines from `line` (at `p`) on: (line, p, m) where it stopped; each line's
-  kind, start, first row and duplicates into `kinds`, `starts`, `first_rows`, `dups`.
+  """`_line` over the lines from `line` (at `p`) on: (line, p, m, full) where it stopped; each
+  line's kind, start, first row and duplicates into `kinds`, `starts`, `first_rows`, `dups`.
 
-  It stops at the end, or where an output array is full. Its own function, compiled without
+  It stops at the end (`full` 0), or where an output array is full (`full` says which:
+  `_FULL`, the row arrays, or `_FULL_TEXTS`). Its own function, compiled without
   reference counting, because each call passing arrays from `scan_block` counts references
   to every one.
   """
@@ -388,14 +390,14 @@ def _lines(buf, line, p, lines, m, kinds, starts, first_rows, dups, stack, field
     kind, m, d, p = _line(
       buf, p, n, m, stack, fields, spans, out_ints, valid, rtt, rtt_text, offsets, texts
     )
-    if kind == _FULL:
-      return line, p, m
+    if kind == _FULL or kind == _FULL_TEXTS:
+      return line, p, m, kind
     kinds[line] = kind
     dups[line] = d
     while p < n and buf[p] != NEWLINE:  # the next line (`_line` may stop anywhere in a bad one)
       p += 1
     p, line = p + 1, line + 1
-  return line, p, m
+  return line, p, m, 0
 
 
 @numba.njit(cache=True, nogil=True)
@@ -417,7 +419,8 @@ def scan_block(buf, lines):
   dups = np.zeros(lines, np.int64)
   # Room for three rows a line (RIPE's default packets), grown when more come. A line's texts
   # are parts of it: the block's size bounds them unless results of many packets repeat long
-  # ones (then they grow too). Pages never written are not mapped in.
+  # ones (then they grow too, on their own: grown with the rows, a 20,000-packet result's
+  # block took 546 MB of texts for 270 KB of them). Pages never written are not mapped in.
   rows = lines * 3 + 16
   out_ints = np.empty((4, rows), np.int64)
   valid = np.empty((3, rows), np.bool_)
@@ -431,21 +434,23 @@ def scan_block(buf, lines):
   spans = np.zeros((_N_KEYS, 2), np.int64)  # text fields: (start, length), -1: null
   m, p, line = 0, 0, 0
   while True:
-    line, p, m = _lines(
+    line, p, m, full = _lines(
       buf, line, p, lines, m, kinds, starts, first_rows, dups, stack, fields, spans, out_ints,
       valid, rtt, rtt_text, offsets, texts,
     )  # fmt: skip
     if line >= lines or p > n:
       break
-    rows *= 2  # full: grown, the line read again
+    if full == _FULL_TEXTS:  # grown, the line read again
+      wider = np.empty((2, 2 * texts.shape[1]), np.uint8)
+      wider[:, : texts.shape[1]] = texts
+      texts = wider
+      continue
+    rows *= 2
     out_ints = _grown(out_ints, m, rows)
     valid = _grown(valid, m, rows)
     rtt = _grown(rtt.reshape(1, -1), m, rows)[0]
     rtt_text = _grown(rtt_text, m, rows)
     offsets = _grown(offsets, m + 1, rows + 1)
-    wider = np.empty((2, 2 * texts.shape[1]), np.uint8)
-    wider[:, : texts.shape[1]] = texts
-    texts = wider
   starts[lines], first_rows[lines] = min(p, n), m
   return kinds, starts, first_rows, dups, m, out_ints, valid, rtt, rtt_text, offsets, texts
 
