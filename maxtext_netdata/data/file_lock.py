@@ -11,9 +11,13 @@ be a file no run of ours wrote. On a shared mount it works where the filesystem 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 from collections.abc import Callable, Iterator
+
+# `flock`'s errors where the filesystem has no locks (NFSv3 without lockd, some FUSE mounts).
+NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL})
 
 
 @contextlib.contextmanager
@@ -26,7 +30,12 @@ def held(path: str, busy: Callable[[], None]) -> Iterator[None]:
     f = open(path, "a")  # noqa: SIM115 (closed below, or after the block)
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except OSError as e:
+      if not isinstance(e, BlockingIOError):
+        f.close()
+        with contextlib.suppress(OSError):
+          os.remove(path)
+        raise
       try:
         if not told:
           told = True

@@ -62,7 +62,8 @@ def staged(out_dir: str) -> Iterator[str]:
 
   One run at a time writes `out_dir`: it holds `out_dir/.writing` (`data.file_lock`) and
   another is refused. Holding it, the run removes the staging folders a killed run left
-  (SIGKILL, a lost machine): no live run has one.
+  (SIGKILL, a lost machine): no live run has one. Where the filesystem has no locks, the run
+  goes on without one and removes no other folder.
 
   Raises:
     UserError: `out_dir` cannot be made a folder, or another run is writing it.
@@ -74,8 +75,15 @@ def staged(out_dir: str) -> Iterator[str]:
       f"{out_dir}: another run is writing this folder; wait for it to end or write elsewhere"
     )
 
-  with file_lock.held(os.path.join(out_dir, WRITING_LOCK), busy):
-    for name in os.listdir(out_dir):
+  with contextlib.ExitStack() as stack:
+    try:
+      stack.enter_context(file_lock.held(os.path.join(out_dir, WRITING_LOCK), busy))
+      locked = True
+    except OSError as e:  # a filesystem without locks (NFSv3 without lockd): no lock, no cleanup
+      if e.errno not in file_lock.NO_LOCKS:
+        raise
+      locked = False
+    for name in os.listdir(out_dir) if locked else []:
       if name.startswith(STAGING_PREFIX):
         shutil.rmtree(os.path.join(out_dir, name), ignore_errors=True)
     staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir)

@@ -1,6 +1,7 @@
 """generate: realistic, deterministic, time-sorted raw parquet that the schema accepts."""
 
 import collections
+import errno
 import json
 import os
 import subprocess
@@ -14,10 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from maxtext_netdata import cli
+from maxtext_netdata.data import file_lock
 from maxtext_netdata.data.raw import reader
 from maxtext_netdata.data.synthetic import generate as generate_module
 from maxtext_netdata.data.synthetic.generate import generate
-from tests.helpers import folder_files
+from tests.helpers import folder_files, killed_runs_leftovers
 
 
 def _table(files):
@@ -269,3 +271,18 @@ def test_an_output_that_cannot_be_a_folder_is_one_line(tmp_path, monkeypatch, ca
   assert cli.main(["generate", "--out", out, "--rows", "100", "--shards", "1"]) == 2
   assert capsys.readouterr().err == f"maxtext-netdata generate: error: {error}\n"
   assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_a_folder_on_a_filesystem_without_locks_is_written_without_one(tmp_path, monkeypatch):
+  # NFSv3 without lockd refuses flock with ENOLCK: the run goes on, unlocked, and leaves the
+  # staging folder it cannot tell from a live run's.
+  def no_locks(f, operation):
+    raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+  monkeypatch.setattr(file_lock.fcntl, "flock", no_locks)
+  out = tmp_path / "raw"
+  killed_runs_leftovers(out)
+  (out / ".writing").unlink()
+  paths = generate(str(out), rows=1_000, shards=1, progress=False)
+  names = sorted(os.listdir(out))
+  assert names == [".complete", ".staging-killed", os.path.basename(paths[0])]
