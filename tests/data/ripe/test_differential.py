@@ -493,3 +493,31 @@ def test_both_paths_name_every_bad_line_the_independent_reader_names(corpus, pat
       for r in table.to_pylist()
     ]
     assert got == expected.rows, start
+
+
+def test_the_nesting_screen_counts_no_bracket_inside_a_string():
+  # Strings of brackets, escaped quotes and backslashes between brackets; and one long
+  # string, which an alternation a character took a second and ~570 MB to skip.
+  rng = random.Random(5)
+  pieces = ["[", "]", "{", "}", " ", ","]
+  for _ in range(3000):
+    parts = []
+    for _ in range(rng.randrange(12)):
+      if rng.random() < 0.3:
+        inner = "".join(rng.choice(["a", "[", "}", '\\"', "\\\\", "\\n"]) for _ in range(5))
+        parts.append(f'"{inner}"')
+      else:
+        parts.append(rng.choice(pieces))
+    text = "".join(parts)
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in text:  # as `_nesting` above, at any depth
+      if in_string:
+        escaped, in_string = (False, True) if escaped else (c == "\\", c != '"')
+      elif c == '"':
+        in_string = True
+      else:
+        depth += (c in "[{") - (c in "]}")
+        deepest = max(deepest, depth)
+    assert reference._nesting(text.encode()) == deepest, text
+  assert reference._nesting(b'[{"a": "' + b"[" * 5_000_000 + b'"}]') == 2
