@@ -31,7 +31,11 @@ def _as_string_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     if pa.types.is_string(value_type):
       return column
     column = column.cast(value_type)
-  if pa.types.is_large_string(column.type) or pa.types.is_string_view(column.type):
+  if (
+    pa.types.is_large_string(column.type)
+    or pa.types.is_string_view(column.type)
+    or pa.types.is_null(column.type)  # all null (pandas writes an all-None column so)
+  ):
     column = column.cast(pa.string())
   return column
 

@@ -83,12 +83,39 @@ def one_line(error: BaseException) -> str:
 def open_parquet(
   entry: remote.FileEntry, options: remote.StorageOptions, metadata=None
 ) -> pq.ParquetFile:
-  """The parquet file of `entry`; with its `metadata` known, the footer is not read again."""
+  """The parquet file of `entry`; with its `metadata` known, the footer is not read again.
+
+  Its address columns are read as dictionaries (`schema.PARQUET_READ_OPTIONS`) where each is
+  there once and no row group stores it in an encoding Arrow cannot decode into one
+  (`schema.NO_DICTIONARY_ENCODINGS`)."""
   handle = remote.open_input_file(entry, options)
   try:
-    return pq.ParquetFile(handle, metadata=metadata, **schema.PARQUET_READ_OPTIONS)
+    parquet = pq.ParquetFile(handle, metadata=metadata, **schema.PARQUET_READ_OPTIONS)
+    dictionary = _dictionary_columns(parquet.metadata)
+    if not dictionary:
+      return parquet
+    return pq.ParquetFile(
+      handle, metadata=parquet.metadata, read_dictionary=dictionary,
+      **schema.PARQUET_READ_OPTIONS,
+    )  # fmt: skip
   except (OSError, pa.ArrowException) as e:
     raise DataError(f"{entry.uri}: not a readable parquet file ({one_line(e)})") from None
+
+
+def _dictionary_columns(metadata: pq.FileMetaData) -> list[str]:
+  """The address columns of a file to read as dictionaries (`open_parquet`)."""
+  paths = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+  out = []
+  for name in schema.ADDRESS_COLUMNS:
+    if paths.count(name) != 1:  # missing or twice: `schema.check_schema` says so
+      continue
+    k = paths.index(name)
+    encodings = (
+      set(metadata.row_group(g).column(k).encodings) for g in range(metadata.num_row_groups)
+    )
+    if not any(e & schema.NO_DICTIONARY_ENCODINGS for e in encodings):
+      out.append(name)
+  return out
 
 
 def check_files(files, options) -> list:

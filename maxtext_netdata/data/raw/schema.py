@@ -16,14 +16,16 @@ from maxtext_netdata.data.raw import addresses
 from maxtext_netdata.errors import DataError
 
 REQUIRED_COLUMNS = ("event_time", "src_addr", "dst_addr", "ip_version", "rtt")
-# How every reader of raw parquet opens a file (`pq.ParquetFile(source, **PARQUET_READ_OPTIONS)`):
-# addresses stay dictionary-encoded as stored, so each distinct text is parsed once; page
-# checksums are verified where the writer stored them (`write_page_checksum`), which is what
-# catches a flipped bit inside a value. A file without checksums reads as before.
-PARQUET_READ_OPTIONS = {
-  "read_dictionary": ["src_addr", "dst_addr"],
-  "page_checksum_verification": True,
-}
+# How every reader of raw parquet opens a file (`data.raw.reader.open_parquet`): addresses
+# stay dictionary-encoded as stored (`read_dictionary`), so each distinct text is parsed once;
+# page checksums are verified where the writer stored them (`write_page_checksum`), which is
+# what catches a flipped bit inside a value. A file without checksums reads as before.
+ADDRESS_COLUMNS = ("src_addr", "dst_addr")
+PARQUET_READ_OPTIONS = {"page_checksum_verification": True}
+# String encodings Arrow's reader cannot decode into a dictionary ("Not yet implemented:
+# DecodeArrow of DictAccumulator for DeltaByteArrayDecoder"): a column stored in one (DuckDB's
+# and Spark's format 2 writers choose them) is read as plain strings.
+NO_DICTIONARY_ENCODINGS = frozenset({"DELTA_BYTE_ARRAY", "DELTA_LENGTH_BYTE_ARRAY"})
 _UNITS_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 # The times a row may have, in Unix seconds: from 1970-01-01 (the token format's seconds are
 # unsigned) to 2106-02-07 06:28:15 UTC, the last a store's uint32 seconds keep (`data.store`).
@@ -114,12 +116,15 @@ def _one_line(error: BaseException) -> str:
 
 
 def check_schema(schema: pa.Schema, source: str) -> None:
-  """Raise DataError if a required column is missing or of the wrong type."""
+  """Raise DataError if a required column is missing, named twice or of the wrong type."""
   missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
   if missing:
     raise DataError(
       f"{source}: missing column(s) {', '.join(missing)} (has: {', '.join(schema.names)})"
     )
+  twice = [c for c in REQUIRED_COLUMNS if schema.names.count(c) > 1]
+  if twice:
+    raise DataError(f"{source}: column(s) {', '.join(twice)} named more than once")
   checks = {
     "event_time": (pa.types.is_timestamp, "timestamp"),
     "src_addr": (_is_text, "string"),
@@ -134,9 +139,16 @@ def check_schema(schema: pa.Schema, source: str) -> None:
 
 
 def _is_text(t: pa.DataType) -> bool:
+  """A string type, or null: a column whose every value is null (pandas writes an all-None
+  column so), which an address column may be (docs/spec.md §1)."""
   if pa.types.is_dictionary(t):
     t = t.value_type
-  return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+  return (
+    pa.types.is_string(t)
+    or pa.types.is_large_string(t)
+    or pa.types.is_string_view(t)
+    or pa.types.is_null(t)
+  )
 
 
 def _timestamp_seconds(column: pa.ChunkedArray) -> np.ndarray:
