@@ -174,12 +174,15 @@ PARQUET_FILES = r".*\.parquet"  # prepare's raw parquet
 VISIBLE_FILES = r"(?:.*/)?[^./][^/]*"  # every file whose name does not start with "." (ingest's)
 
 
-def expand(pattern: str, options: StorageOptions, folder_files: str = PARQUET_FILES):
+def expand(
+  pattern: str, options: StorageOptions, folder_files: str = PARQUET_FILES, empty_ok=False
+) -> list[FileEntry]:
   """Files matching one path, directory (its files at any depth whose path matches regular
-  expression `folder_files`: `*.parquet` by default) or glob, sorted: list[FileEntry].
+  expression `folder_files`: `*.parquet` by default) or glob, sorted. A folder a glob
+  matches gives its files as a folder does.
 
   `*`, `?` and `[...]` stay within a folder; `**` as a whole folder name crosses folders.
-  Raises DataError naming `pattern` when nothing matches.
+  Raises DataError naming `pattern` when nothing matches, unless `empty_ok`.
   """
   fs, path = filesystem(pattern, options)
   scheme = scheme_of(pattern)
@@ -212,14 +215,34 @@ def expand(pattern: str, options: StorageOptions, folder_files: str = PARQUET_FI
       return []  # the folder is missing (a missing bucket is an error of its own)
 
   infos = storage_call(listing, uri=pattern, what="list files")
-  entries = [
-    _entry(uri_prefix, info)
+  if not uri_prefix:
+    _check_links(selector, regex)
+  found = {
+    info.path: _entry(uri_prefix, info)
     for info in infos
     if info.type == pafs.FileType.File and regex.match(info.path)
-  ]
-  if not entries:
+  }
+  if glob is not None:  # a folder the pattern matches (Spark writes `day.parquet/part-*`)
+    for info in infos:
+      if info.type == pafs.FileType.Directory and regex.match(info.path):
+        for entry in expand(uri_prefix + info.path, options, folder_files, empty_ok=True):
+          found[entry.uri.removeprefix(uri_prefix)] = entry
+  if not found and not empty_ok:
     raise DataError(f"{pattern}: no file matches this pattern")
-  return sorted(entries, key=lambda e: e.uri)
+  return sorted(found.values(), key=lambda e: e.uri)
+
+
+def _check_links(selector: pafs.FileSelector, regex: re.Pattern) -> None:
+  """Raises DataError naming the first local symbolic link of the listing that `regex`
+  matches and whose target is missing (an unfetched git-annex or DVC file): pyarrow's listing
+  leaves such a link out, so its file would be dropped without a word."""
+  for folder, _, names in os.walk(selector.base_dir):
+    for name in sorted(names):
+      path = os.path.join(folder, name)
+      if regex.match(path) and os.path.islink(path) and not os.path.exists(path):
+        raise DataError(f"{path}: a link to {os.readlink(path)}, which does not exist")
+    if not selector.recursive:
+      break
 
 
 def expand_all(

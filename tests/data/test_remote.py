@@ -238,6 +238,29 @@ def test_local_globs(tmp_path):
     remote.expand(str(tmp_path / "a/**.parquet"), options)
 
 
+def test_a_folder_a_glob_matches_gives_its_files_and_a_dangling_link_is_an_error(tmp_path):
+  # Spark writes a table as a folder named like a file; an unfetched git-annex or DVC file
+  # is a link to nothing, which pyarrow's listing leaves out.
+  for name in ("d/day0.parquet/part-0.parquet", "d/day0.parquet/_SUCCESS", "d/x.parquet"):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_bytes(b"")
+  (tmp_path / "d/empty.parquet").mkdir()
+  options = remote.StorageOptions()
+
+  def names(pattern):
+    return [
+      os.path.relpath(e.uri, tmp_path) for e in remote.expand(str(tmp_path / pattern), options)
+    ]
+
+  assert names("d/*.parquet") == ["d/day0.parquet/part-0.parquet", "d/x.parquet"]
+  assert names("d/**/*.parquet") == ["d/day0.parquet/part-0.parquet", "d/x.parquet"]
+  os.symlink(tmp_path / "annex/missing", tmp_path / "d/day0.parquet/part-1.parquet")
+  for pattern in ("d/*.parquet", "d/day0.parquet", "d/**/*.parquet"):
+    with pytest.raises(DataError, match=r"d/day0.parquet/part-1.parquet: a link to .*annex/"):
+      remote.expand(str(tmp_path / pattern), options)
+  assert names("d/x.parquet") == ["d/x.parquet"]
+
+
 def test_unreachable_gcs_endpoint_fails_in_seconds_naming_the_uri(tmp_path, monkeypatch):
   with socket.socket() as closed:  # a port nothing listens on
     closed.bind(("127.0.0.1", 0))
