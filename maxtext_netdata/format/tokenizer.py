@@ -48,7 +48,9 @@ def rtt_bytes(rtt_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     row = int(np.flatnonzero(~np.isfinite(rtt_ms))[0])
     raise ValueError(f"RTT at index {row} is {rtt_ms[row]}; RTTs must be finite")
   failed = rtt_ms < 0
-  us = np.maximum(1.0, rtt_ms * 1000)
+  # Capped first: past ~1.8e305 ms the product is infinite, whose exponent frexp gives as 0
+  # (1e306 ms was coded as 2.047 ms); anything past the largest code (2047 * 2**31 us) is it.
+  us = np.maximum(1.0, np.minimum(rtt_ms, 1e15) * 1000)
   # Halving is exact in binary floating point, so the exponent of the spec's halving loop is
   # the binary exponent of `us` above 2**10, capped at 31.
   _, exponent = np.frexp(us)

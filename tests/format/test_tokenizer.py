@@ -33,6 +33,8 @@ EDGE_RTTS = [
   4.0e9,
   1e15,
   1e30,
+  1e306,  # times 1000 is past float64's largest: infinite microseconds
+  1.7976931348623157e308,
 ]
 
 

@@ -44,7 +44,7 @@ def rtt_payload(rtt_ms: float) -> list[int]:
   while us >= 2048 and e < 31:
     us /= 2
     e += 1
-  m = min(int(us), 2047)
+  m = int(min(us, 2047))  # us may be infinite (rtt_ms past ~1.8e305)
   return [RTT_START, BYTE + ((e << 3) | (m >> 8)), BYTE + (m & 0xFF)]
 
 

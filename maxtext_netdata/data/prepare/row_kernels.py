@@ -139,10 +139,10 @@ def _rtt_payload(rtt_ms, out, failed):
     us = max(1.0, rtt * 1000)
     # As tokenizer.rtt_bytes (frexp, clip, ldexp, clamp, truncate), from the float's bits:
     # `us` >= 1 is normal, so frexp's exponent is the biased exponent less 1022, and scaling
-    # by 2**-e (e <= 31) is exact. An infinite `us` (rtt over ~1.8e305 ms) is frexp's
-    # exponent 0 in numpy.
+    # by 2**-e (e <= 31) is exact. An infinite `us` (rtt over ~1.8e305 ms) is the largest
+    # code, as a finite one past it is (tokenizer.rtt_bytes caps the RTT first).
     biased = np.int64((np.float64(us).view(np.uint64) >> np.uint64(52)) & np.uint64(0x7FF))
-    e = 0 if biased == 0x7FF else min(max(biased - 1022 - 11, 0), 31)
+    e = 31 if biased == 0x7FF else min(max(biased - 1022 - 11, 0), 31)
     scale = np.uint64(1023 - e) << np.uint64(52)
     m = np.int64(min(us * np.uint64(scale).view(np.float64), 2047.0))
     negative = rtt < 0
