@@ -92,5 +92,8 @@ def test_registered_type_passes_maxtext_config_validation(toy):
   argv = ["test", MAXTEXT_SMOKE, "base_output_directory=/tmp/unused", "dataset_type=toy"]
   assert pyconfig.initialize(argv).dataset_type == "toy"
   registry.unregister_dataset_type("toy")
-  with pytest.raises(ValueError, match="dataset_type='toy' is not one of c4_mlperf, grain"):
+  with pytest.raises(
+    plugin.MaxTextPluginError,
+    match="^MaxText config: dataset_type='toy' is not one of c4_mlperf, grain",
+  ):
     pyconfig.initialize(argv)
