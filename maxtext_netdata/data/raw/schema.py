@@ -177,7 +177,8 @@ def validate_table(
   report = SkipReport()
   n = table.num_rows
   rows = np.arange(row_offset, row_offset + n, dtype=np.int64)
-  # (reason, bad rows, the error naming the first bad row); checked in this order.
+  # (reason, bad rows, the error naming the first bad row), in the order a row's problems are
+  # named: an error names the table's first bad row, by the first of its problems.
   problems: list[tuple[str, np.ndarray, Callable[[np.ndarray], str]]] = []
 
   def plain(reason: str, column_name: str) -> Callable[[np.ndarray], str]:
@@ -222,12 +223,15 @@ def validate_table(
     )
     problems.append((f"{name} unparsable or not matching ip_version", bad, message))
 
+  if not skip_bad:  # the first bad row of the table, under its first problem
+    found = [(int(np.argmax(bad)), k) for k, (_, bad, _) in enumerate(problems) if bad.any()]
+    if found:
+      _, k = min(found)
+      raise DataError(problems[k][2](problems[k][1]))
   keep = np.ones(n, dtype=bool)
-  for reason, bad, message in problems:
+  for reason, bad, _ in problems:
     bad = bad & keep  # a row is counted under its first problem only
     if bad.any():
-      if not skip_bad:
-        raise DataError(message(bad))
       report.add(reason, int(bad.sum()))
       keep &= ~bad
 

@@ -328,6 +328,18 @@ def test_files_other_writers_make_read_as_the_same_rows(tmp_path, write):
     np.testing.assert_array_equal(getattr(other, name), getattr(plain, name), err_msg=name)
 
 
+def test_the_error_names_the_first_bad_row_whatever_its_problem(tmp_path):
+  # Checked column by column, the first problem's rows came first: a null time at row 30
+  # was named before a NaN RTT at row 10.
+  table = with_column(good_table(), "rtt", [1.0] * 10 + [np.nan] + [1.0] * 39)
+  times = table.column("event_time").to_pylist()
+  table = with_column(table, "event_time", times[:30] + [None] + times[31:], pa.timestamp("s"))
+  table = with_column(table, "ip_version", [4] * 20 + [7] + [4] * 29, pa.int8())
+  pq.write_table(table, tmp_path / "bad.parquet")
+  with pytest.raises(DataError, match=r"bad.parquet: row 10: rtt is NaN"):
+    prepare.prepare(make_config(tmp_path / "prep", str(tmp_path / "bad.parquet")), progress=False)
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_corrupt_file_is_an_error_naming_it(tmp_path, damage):
   path = str(tmp_path / "bad.parquet")
