@@ -196,7 +196,11 @@ def validate_table(
   outside = (seconds < 0) | (seconds > LAST_SECOND)
   # The value in Unix seconds: such a time may be past what Python's datetime holds.
   problems.append(
-    (reason, outside, lambda bad: _row_message(source, row_offset, bad, seconds.tolist(), reason))
+    (
+      reason,
+      outside,
+      lambda bad, reason=reason: _row_message(source, row_offset, bad, seconds.tolist(), reason),
+    )
   )
 
   version = _filled(table.column("ip_version"), 0).to_numpy(zero_copy_only=False)
