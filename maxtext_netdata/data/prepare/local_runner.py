@@ -32,6 +32,17 @@ def uses_hashed_order(config) -> bool:
   return config.network_field_order == "hashed"
 
 
+def no_rows_message(label: str, files: list, report) -> str:
+  """The error of inputs that gave no row: how many were read and, where rows were skipped as
+  bad (`network_skip_bad_rows`), why."""
+  message = f"{label}: no valid rows in {len(files)} file(s)"
+  skipped = report.skipped.reasons
+  if skipped:
+    reasons = ", ".join(f"{reason}: {count:,}" for reason, count in sorted(skipped.items()))
+    message += f" ({report.rows_read:,} rows read, every one skipped as bad; {reasons})"
+  return message
+
+
 def time_bounds(config) -> tuple[int | None, int | None]:
   """(since, until) in Unix seconds of `network_since` / `network_until` (None: no bound): the
   rows prepare keeps are those at or after since and before until."""
@@ -134,7 +145,7 @@ def build(config, options, files, metadata, *, buckets, work, spill_dir, split, 
   )  # fmt: skip
   if not sum(totals.values()) and not allow_empty:
     shutil.rmtree(spill_dir, ignore_errors=True)
-    raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
+    raise DataError(no_rows_message(label, files, report))
   with assemble.Assembler(
     work, split, fraction, meta, totals, uses_hashed_order(config)
   ) as assembler:

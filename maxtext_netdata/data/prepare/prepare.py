@@ -222,7 +222,7 @@ def _build_group(
     config, options, files, metadata, buckets=buckets, pieces_dir=pieces_dir, progress=progress
   )
   if not pieces and not allow_empty:
-    raise DataError(f"{label}: no valid rows in {len(files)} file(s)")
+    raise DataError(local_runner.no_rows_message(label, files, report))
   probes = assemble.distinct_probes(pieces)
   counts = assemble.assemble(pieces, work, split, config.network_test_fraction, meta)
   shutil.rmtree(pieces_dir, ignore_errors=True)

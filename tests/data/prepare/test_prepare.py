@@ -340,6 +340,23 @@ def test_the_error_names_the_first_bad_row_whatever_its_problem(tmp_path):
     prepare.prepare(make_config(tmp_path / "prep", str(tmp_path / "bad.parquet")), progress=False)
 
 
+@pytest.mark.parametrize("split", ["probe", "time"])  # straight into the splits; pieces first
+def test_files_whose_every_row_is_bad_say_why_when_skipped(tmp_path, split):
+  table = with_column(good_table(), "rtt", [np.nan] * 45 + [1.0] * 5)
+  table = with_column(table, "ip_version", [4] * 45 + [5] * 5, pa.int8())
+  pq.write_table(table, tmp_path / "bad.parquet")
+  cfg = make_config(
+    tmp_path / "prep", str(tmp_path / "bad.parquet"), "network_skip_bad_rows=true",
+    f"network_split={split}",
+  )  # fmt: skip
+  with pytest.raises(DataError) as error:
+    prepare.prepare(cfg, progress=False)
+  assert str(error.value) == (
+    f"{tmp_path / 'bad.parquet'}: no valid rows in 1 file(s) (50 rows read, every one skipped"
+    " as bad; ip_version is not 4 or 6: 5, rtt is NaN, infinite or null: 45)"
+  )
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_corrupt_file_is_an_error_naming_it(tmp_path, damage):
   path = str(tmp_path / "bad.parquet")
