@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -223,9 +224,19 @@ def expand(
     if info.type == pafs.FileType.File and regex.match(info.path)
   }
   if glob is not None:  # a folder the pattern matches (Spark writes `day.parquet/part-*`)
-    for info in infos:
-      if info.type == pafs.FileType.Directory and regex.match(info.path):
-        for entry in expand(uri_prefix + info.path, options, folder_files, empty_ok=True):
+    folders = {
+      info.path for info in infos if info.type == pafs.FileType.Directory and regex.match(info.path)
+    }
+    if folders and selector.recursive:  # their files are in the listing already
+      inside = re.compile(folder_files + r"\Z", re.DOTALL)
+      for info in infos:
+        parents = itertools.accumulate(info.path.split("/")[:-1], lambda a, b: f"{a}/{b}")
+        if info.type == pafs.FileType.File and inside.match(info.path):
+          if not folders.isdisjoint(parents):
+            found[info.path] = _entry(uri_prefix, info)
+    else:
+      for folder in sorted(folders):
+        for entry in expand(uri_prefix + folder, options, folder_files, empty_ok=True):
           found[entry.uri.removeprefix(uri_prefix)] = entry
   if not found and not empty_ok:
     raise DataError(f"{pattern}: no file matches this pattern")

@@ -261,6 +261,19 @@ def test_a_folder_a_glob_matches_gives_its_files_and_a_dangling_link_is_an_error
   assert names("d/x.parquet") == ["d/x.parquet"]
 
 
+@pytest.mark.parametrize(
+  ("pattern", "more"), [("t/*.dump", []), ("t/**/*.dump", ["t/b/z.dump"])], ids=["flat", "deep"]
+)
+def test_a_matched_folder_gives_the_files_a_folder_input_gives(tmp_path, pattern, more):
+  # A recursive listing holds the folder's files already; a flat one lists the folder again.
+  for name in ("t/a.dump/x", "t/a.dump/sub/y", "t/a.dump/.hidden", "t/b/z.dump", "t/c.dump"):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_bytes(b"")
+  found = remote.expand(str(tmp_path / pattern), remote.StorageOptions(), remote.VISIBLE_FILES)
+  names = [os.path.relpath(e.uri, tmp_path) for e in found]
+  assert names == sorted(["t/a.dump/sub/y", "t/a.dump/x", "t/c.dump", *more])
+
+
 def test_unreachable_gcs_endpoint_fails_in_seconds_naming_the_uri(tmp_path, monkeypatch):
   with socket.socket() as closed:  # a port nothing listens on
     closed.bind(("127.0.0.1", 0))
