@@ -278,6 +278,10 @@ BAD_TABLES = {
     r"column\(s\) rtt named more than once",
   ),
   "wrong type": (lambda t: with_column(t, "rtt", [str(x) for x in range(50)]), "'rtt' has type"),
+  "binary address": (  # read as a dictionary, named as the file has it
+    lambda t: with_column(t, "dst_addr", [b"8.8.8.8"] * 50, pa.binary()),
+    r"column 'dst_addr' has type binary, expected string$",
+  ),
   "unparsable address": (
     lambda t: with_column(t, "dst_addr", ["8.8.8.8"] * 7 + ["not-an-ip"] + ["8.8.8.8"] * 42),
     "row 7",
