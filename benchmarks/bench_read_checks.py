@@ -32,7 +32,11 @@ def _best(fn, repeats: int = 3) -> float:
 
 
 def _read(path: str, verify: bool) -> list[pa.Table]:
-  options = {**schema.PARQUET_READ_OPTIONS, "page_checksum_verification": verify}
+  options = {
+    **schema.PARQUET_READ_OPTIONS,
+    "read_dictionary": list(schema.ADDRESS_COLUMNS),  # as the reader reads generate's files
+    "page_checksum_verification": verify,
+  }
   parquet = pq.ParquetFile(path, **options)
   batches = parquet.iter_batches(batch_size=1 << 18, columns=list(schema.REQUIRED_COLUMNS))
   return [pa.Table.from_batches([b]) for b in batches]

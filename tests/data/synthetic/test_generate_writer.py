@@ -11,7 +11,7 @@ def test_row_groups_are_prepares_batches_and_address_dictionaries_hold_each_text
   assert generate_module.WRITE_ROW_GROUP_ROWS == reader.BATCH_ROWS
   rows = reader.BATCH_ROWS + 5_000
   (path,) = generate(str(tmp_path), rows=rows, shards=1, seed=4, progress=False)
-  parquet = pq.ParquetFile(path, **schema.PARQUET_READ_OPTIONS)
+  parquet = pq.ParquetFile(path, read_dictionary=list(schema.ADDRESS_COLUMNS))
   groups = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
   assert groups == [reader.BATCH_ROWS, 5_000]
   first = parquet.read_row_group(0, columns=["src_addr", "dst_addr"])
