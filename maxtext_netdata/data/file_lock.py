@@ -1,11 +1,11 @@
 """One writer at a time: an exclusive `flock` on a lock file, released by the kernel when its
 holder dies, even by SIGKILL, so a folder a killed run left is known to be nobody's.
 
-Our own rather than the `filelock` package's: the holder removes
-the file when done, and a waiter that wakes holding a removed file opens it again, so no lock
-file outlives its run; `filelock` leaves its files in place, which in a dataset's folder would
-be a file no run of ours wrote. On a shared mount it works where the filesystem supports
-`flock` (NFSv4, Lustre; not GCS FUSE).
+Our own rather than the `filelock` package's: the holder removes the file when done, and a
+waiter that wakes holding a removed file opens it again, so no lock file outlives its run;
+`filelock` leaves its files in place, which in a dataset's folder would be a file no run of
+ours wrote. On a shared mount it works where the filesystem supports `flock` (NFSv4, Lustre;
+not GCS FUSE).
 """
 
 from __future__ import annotations

@@ -230,10 +230,11 @@ def expand(
     if folders and selector.recursive:  # their files are in the listing already
       inside = re.compile(folder_files + r"\Z", re.DOTALL)
       for info in infos:
+        if info.type != pafs.FileType.File or not inside.match(info.path):
+          continue
         parents = itertools.accumulate(info.path.split("/")[:-1], lambda a, b: f"{a}/{b}")
-        if info.type == pafs.FileType.File and inside.match(info.path):
-          if not folders.isdisjoint(parents):
-            found[info.path] = _entry(uri_prefix, info)
+        if not folders.isdisjoint(parents):
+          found[info.path] = _entry(uri_prefix, info)
     else:
       for folder in sorted(folders):
         for entry in expand(uri_prefix + folder, options, folder_files, empty_ok=True):

@@ -90,14 +90,12 @@ def open_parquet(
   (`schema.NO_DICTIONARY_ENCODINGS`)."""
   handle = remote.open_input_file(entry, options)
   try:
-    parquet = pq.ParquetFile(handle, metadata=metadata, **schema.PARQUET_READ_OPTIONS)
-    dictionary = _dictionary_columns(parquet.metadata)
-    if not dictionary:
-      return parquet
+    if metadata is None:
+      metadata = pq.read_metadata(handle)
+    dictionary = _dictionary_columns(metadata) or None
     return pq.ParquetFile(
-      handle, metadata=parquet.metadata, read_dictionary=dictionary,
-      **schema.PARQUET_READ_OPTIONS,
-    )  # fmt: skip
+      handle, metadata=metadata, read_dictionary=dictionary, **schema.PARQUET_READ_OPTIONS
+    )
   except (OSError, pa.ArrowException) as e:
     raise DataError(f"{entry.uri}: not a readable parquet file ({one_line(e)})") from None
 
