@@ -251,7 +251,11 @@ def _check_links(selector: pafs.FileSelector, regex: re.Pattern) -> None:
   their directory entry's type: a look-up (`stat`) is paid for links alone."""
   dangling, folders = [], [selector.base_dir]
   while folders:
-    with os.scandir(folders.pop()) as entries:
+    try:
+      entries = os.scandir(folders.pop())
+    except (FileNotFoundError, NotADirectoryError):  # as the listing: a missing folder is empty
+      continue
+    with entries:
       for entry in entries:
         if entry.is_symlink():
           if regex.match(entry.path) and not os.path.exists(entry.path):

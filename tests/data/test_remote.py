@@ -232,6 +232,8 @@ def test_local_globs(tmp_path):
   assert [os.path.basename(e.uri) for e in both] == ["x.parquet", "y.parquet"]
   with pytest.raises(DataError, match="no file matches"):
     remote.expand(str(tmp_path / "a/*.csv"), options)
+  with pytest.raises(DataError, match="no file matches"):  # a folder that is not there
+    remote.expand(str(tmp_path / "nowhere/*.parquet"), options)
   with pytest.raises(DataError, match="unsupported storage scheme"):
     remote.expand("ftp://host/x.parquet", options)
   with pytest.raises(DataError, match="'\\*\\*' can only be an entire path component"):
